@@ -1,0 +1,86 @@
+"""Typed, validated configuration: one frozen object per concern, built once from kwargs/CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def cpu_supports_bf16() -> bool:
+    """bf16 pays on CPU only with native bf16 dot products (AVX512-BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: Optional[str] = None  # None: the bundled SmolLM2-135M-Instruct GGUF
+    dtype: str = "auto"  # auto picks bfloat16 where the CPU has native bf16, else float32
+    max_model_len: Optional[int] = None  # prompt + output tokens; None: the model's own limit
+    seed: int = 0
+    chat_template: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}")
+
+    @property
+    def torch_dtype_name(self) -> str:
+        if self.dtype == "auto":
+            return "bfloat16" if cpu_supports_bf16() else "float32"
+        return self.dtype
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory_bytes: Optional[int] = None  # size of the KV pool; None: DEFAULT_KV_CACHE_BYTES
+    enable_prefix_caching: bool = True
+
+    DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 1024:
+            raise ValueError(f"block_size must be an integer in [1, 1024], got {self.block_size!r}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}")
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_cache_memory_bytes or self.DEFAULT_KV_CACHE_BYTES
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # requests running at once
+    max_num_batched_tokens: int = 2048  # token budget of one step
+    max_model_len: int = 8192
+    policy: str = "fcfs"  # "fcfs" or "priority"
+    long_prefill_token_threshold: int = 0  # cap on one prefill chunk per step; 0: no cap
+    max_num_partial_prefills: int = 1  # prompts that may be mid-prefill at once
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_num_partial_prefills"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(
+                f"long_prefill_token_threshold must be non-negative, got {self.long_prefill_token_threshold}")
+        if str(self.policy).strip().lower() not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.policy!r}")
+
+
+@dataclass(frozen=True)
+class VliteConfig:
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,0 +1,122 @@
+"""KVCacheManager: per-request block tables on top of the BlockPool, with prefix caching.
+
+The scheduler talks to it through three calls only: `get_computed_blocks` (prefix-cache lookup),
+`allocate_slots` (grow a request's blocks for this step's tokens) and `free`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlite.core.block_pool import BlockPool
+from vlite.core.kv_cache_utils import KVCacheBlock, compute_block_hashes
+from vlite.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # of those, tokens found cached
+    requests: int = 0
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # How many leading blocks of each request are registered in the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def get_num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    def _block_hashes(self, request: Request) -> list:
+        return compute_block_hashes(request.all_token_ids, self.block_size, request.block_hashes)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest cached prefix of the request: (blocks, number of tokens they hold).
+
+        The last token is always recomputed, so a full hit still yields logits to sample from.
+        Requests that want prompt logprobs need every prompt position computed: no lookup.
+        """
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return [], 0
+        block_hashes = self._block_hashes(request)
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hit: list[KVCacheBlock] = []
+        for block_hash in block_hashes[:max_hit_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hit.append(block)
+        return hit, len(hit) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
+        """Make room for `num_new_tokens` more tokens after the computed ones.
+
+        Returns the newly allocated blocks, or None (changing nothing) when the pool cannot
+        supply them; the caller then preempts or skips. Full blocks whose tokens are known after
+        this step are registered in the prefix cache right away, so a request scheduled later in
+        the same step can share them (their K/V are written before any attention reads them).
+        """
+        new_computed_blocks = new_computed_blocks or []
+        is_admission = request.request_id not in self.req_to_blocks
+        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        num_required_blocks = cdiv(num_computed_tokens + num_new_tokens, self.block_size)
+        num_new_blocks = num_required_blocks - len(req_blocks) - len(new_computed_blocks)
+        # Hit blocks sitting in the free queue stop being free once touched.
+        num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_free_hits:
+            if not req_blocks:
+                del self.req_to_blocks[request.request_id]
+            return None
+
+        if is_admission and self.enable_caching:
+            # Counted once per (re)admission, not per retry of a request that did not fit.
+            stats = self.prefix_cache_stats
+            stats.requests += 1
+            stats.queries += request.num_tokens
+            stats.hits += num_new_computed_tokens
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+        new_blocks = self.block_pool.get_new_blocks(max(num_new_blocks, 0))
+        req_blocks.extend(new_blocks)
+
+        if self.enable_caching:
+            num_cached = self.num_cached_block.get(request.request_id, 0)
+            num_full = min(num_computed_tokens + num_new_tokens, request.num_tokens) // self.block_size
+            if num_full > num_cached:
+                block_hashes = self._block_hashes(request)
+                self.block_pool.cache_full_blocks(req_blocks, block_hashes, num_cached, num_full)
+                self.num_cached_block[request.request_id] = num_full
+        return new_blocks
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first, so its prefix is evicted last."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_block.pop(request.request_id, None)
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()

@@ -1,0 +1,77 @@
+"""SchedulerOutput: everything the model runner learns about a step, and nothing more.
+
+New requests arrive in full; requests the runner already holds arrive as deltas (new block ids,
+their num_computed_tokens). The runner keeps the rest in its persistent batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vlite.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list[int]
+    # Output tokens generated before a preemption; empty for a fresh request.
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    # Tokens already in the KV cache (prefix-cache hit) when the request is (re)admitted.
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """Parallel lists, one entry per running request the runner already holds."""
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]  # admitted (or resumed after preemption) this step
+    scheduled_cached_reqs: CachedRequestData  # running requests scheduled again
+    num_scheduled_tokens: dict[str, int]  # req_id -> tokens to compute this step
+    total_num_scheduled_tokens: int  # sum of the above
+    finished_req_ids: set[str]  # finished or aborted since the last step: drop from the batch
+    preempted_req_ids: set[str]  # preempted this step: drop from the batch, they return as new
+    # req_id -> True when this step reaches the end of the request's known tokens, i.e. the
+    # runner must sample a token for it (False for a chunk in the middle of a prompt).
+    sample_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Per sampled request: its new token ids and, if requested, logprobs (plain lists)."""
+
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    # req_id -> (token ids [num_tokens][k+1], logprobs [num_tokens][k+1], sampled ranks [num_tokens]);
+    # column 0 is the sampled token, the rest the top-k.
+    logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
+    # req_id -> the same shape for prompt positions computed this step (first prompt token has none).
+    prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
+
+
+@dataclass
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    new_logprobs: tuple[list[list[int]], list[list[float]], list[int]] | None = None
+    new_prompt_logprobs: tuple[list[list[int]], list[list[float]], list[int]] | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,300 @@
+"""Scheduler: one token budget per step, running requests first, then waiting ones.
+
+There are no prefill/decode phases. Each request's `num_computed_tokens` catches up with its
+`num_tokens` (prompt + output); a long prompt is computed in chunks across steps while other
+requests decode in the same batch. Pure Python bookkeeping: no torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from vlite.config import SchedulerConfig
+from vlite.core.kv_cache_manager import KVCacheManager
+from vlite.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
+                                     SchedulerOutput)
+from vlite.core.sched.request_queue import RequestQueue, SchedulingPolicy, create_request_queue
+from vlite.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerStats:
+    num_running_reqs: int
+    num_waiting_reqs: int
+    kv_cache_usage: float
+    num_preemptions: int  # cumulative
+    prefix_cache_queries: int  # cumulative, tokens
+    prefix_cache_hits: int  # cumulative, tokens
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+        self.config = scheduler_config
+        self.max_model_len = scheduler_config.max_model_len
+        self.kv_cache_manager = kv_cache_manager
+        try:
+            self.policy = SchedulingPolicy(str(scheduler_config.policy).strip().lower())
+        except ValueError:
+            raise ValueError(f"scheduling_policy must be one of {[p.value for p in SchedulingPolicy]}, "
+                             f"got {scheduler_config.policy!r}") from None
+        self.waiting: RequestQueue = create_request_queue(self.policy)
+        # Requests passed over for a reason of their own (e.g. their blocks do not fit yet); they
+        # are retried first so that they keep their place without blocking the ones behind them.
+        self.skipped_waiting: RequestQueue = create_request_queue(self.policy)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        # Finished since the last schedule(); the runner drops them from its batch.
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.add_request(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """End requests from outside the step (abort, stop string). Unknown or finished ids are ignored."""
+        assert RequestStatus.is_finished(status)
+        finished = []
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                for queue in (self.waiting, self.skipped_waiting):
+                    if request in queue:
+                        queue.remove_request(request)
+                        break
+            request.status = status
+            self._free_request(request)
+            finished.append(request)
+        return finished
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- schedule ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        token_budget = self.config.max_num_batched_tokens
+        num_scheduled_tokens: dict[str, int] = {}
+        new_blocks_of: dict[str, list[int]] = {}
+        scheduled_running: list[Request] = []
+        scheduled_new: list[NewRequestData] = []
+        preempted_req_ids: set[str] = set()
+
+        # Phase 1: running requests, in order.
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            num_new_tokens = self._cap_new_tokens(request, request.num_tokens - request.num_computed_tokens,
+                                                  token_budget)
+            if num_new_tokens == 0:
+                req_index += 1
+                continue
+            while True:
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                if new_blocks is not None:
+                    break
+                victim = self._select_preemption_victim(req_index)
+                self.running.remove(victim)
+                self._preempt(victim)
+                preempted_req_ids.add(victim.request_id)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break  # the request preempted itself: nothing else fits either
+            scheduled_running.append(request)
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            new_blocks_of[request.request_id] = [b.block_id for b in new_blocks]
+            token_budget -= num_new_tokens
+            req_index += 1
+
+        # Phase 2: waiting requests, only when nothing had to be preempted.
+        if not preempted_req_ids:
+            token_budget = self._schedule_waiting(token_budget, num_scheduled_tokens, scheduled_new)
+
+        cached = CachedRequestData()
+        for request in scheduled_running:
+            cached.req_ids.append(request.request_id)
+            cached.new_block_ids.append(new_blocks_of[request.request_id])
+            cached.num_computed_tokens.append(request.num_computed_tokens)
+        sample_req_ids = set()
+        for req_id, n in num_scheduled_tokens.items():
+            request = self.requests[req_id]
+            request.num_computed_tokens += n
+            if request.num_computed_tokens == request.num_tokens:
+                sample_req_ids.add(req_id)
+        output = SchedulerOutput(
+            scheduled_new_reqs=scheduled_new,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids=preempted_req_ids,
+            sample_req_ids=sample_req_ids,
+        )
+        self.finished_req_ids = set()
+        return output
+
+    def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int],
+                          scheduled_new: list[NewRequestData]) -> int:
+        kv = self.kv_cache_manager
+        step_skipped_waiting = create_request_queue(self.policy)
+        num_partial_prefills = sum(
+            1 for r in self.running
+            if r.num_computed_tokens + num_scheduled_tokens.get(r.request_id, 0) < r.num_prompt_tokens)
+        while token_budget > 0 and len(self.running) < self.config.max_num_seqs:
+            queue = self._select_waiting_queue_for_scheduling()
+            if queue is None:
+                break
+            request = queue.peek_request()
+            computed_blocks, num_computed_tokens = kv.get_computed_blocks(request)
+            num_new_tokens = self._cap_new_tokens(request, request.num_tokens - num_computed_tokens, token_budget)
+            is_partial = num_computed_tokens + num_new_tokens < request.num_prompt_tokens
+            new_blocks = None
+            if not (is_partial and num_partial_prefills >= self.config.max_num_partial_prefills):
+                new_blocks = kv.allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks)
+            if new_blocks is None:
+                # Cannot start now for a reason of its own: step aside for the requests behind it.
+                queue.pop_request()
+                step_skipped_waiting.prepend_request(request)
+                continue
+            queue.pop_request()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed_tokens
+            num_partial_prefills += is_partial
+            scheduled_new.append(NewRequestData(
+                req_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                output_token_ids=list(request.output_token_ids),
+                sampling_params=request.sampling_params,
+                block_ids=kv.get_block_ids(request.request_id),
+                num_computed_tokens=num_computed_tokens,
+            ))
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            token_budget -= num_new_tokens
+        # prepend_request reversed their order; prepend_requests reverses it back.
+        if step_skipped_waiting:
+            self.skipped_waiting.prepend_requests(step_skipped_waiting)
+        return token_budget
+
+    def _cap_new_tokens(self, request: Request, num_new_tokens: int, token_budget: int) -> int:
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < num_new_tokens:
+            num_new_tokens = threshold
+        return min(num_new_tokens, token_budget)
+
+    def _select_waiting_queue_for_scheduling(self) -> Optional[RequestQueue]:
+        """FCFS: skipped requests first (they arrived earlier). PRIORITY: the better head."""
+        if self.policy == SchedulingPolicy.FCFS:
+            return self.skipped_waiting or self.waiting or None
+        if self.skipped_waiting and self.waiting:
+            a, b = self.skipped_waiting.peek_request(), self.waiting.peek_request()
+            return self.skipped_waiting if (a.priority, a.arrival_time) <= (b.priority, b.arrival_time) \
+                else self.waiting
+        return self.skipped_waiting or self.waiting or None
+
+    def _select_preemption_victim(self, req_index: int) -> Request:
+        """FCFS: the last running request. PRIORITY: the lowest-priority (latest) one.
+
+        Only requests not yet scheduled in this step are candidates (the current one included),
+        so no block filled in this step is released with a hash but without its K/V.
+        """
+        if self.policy == SchedulingPolicy.FCFS:
+            return self.running[-1]
+        return max(self.running[req_index:], key=lambda r: (r.priority, r.arrival_time))
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute-mode preemption: drop the KV blocks, go back to the head of the queue."""
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    # ---- update --------------------------------------------------------------------------
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        outputs: list[EngineCoreOutput] = []
+        stopped = False
+        for i, req_id in enumerate(model_runner_output.req_ids):
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            new_token_ids = model_runner_output.sampled_token_ids[i]
+            for n, token_id in enumerate(new_token_ids):
+                request.append_output_token_ids([token_id])
+                if self._check_stop(request):
+                    new_token_ids = new_token_ids[:n + 1]
+                    break
+            output = EngineCoreOutput(
+                request_id=req_id,
+                new_token_ids=new_token_ids,
+                new_logprobs=model_runner_output.logprobs.get(req_id),
+                new_prompt_logprobs=model_runner_output.prompt_logprobs.get(req_id),
+                num_cached_tokens=max(request.num_cached_tokens, 0),
+            )
+            if request.is_finished:
+                output.finish_reason = str(request.get_finished_reason())
+                output.stop_reason = request.stop_reason
+                self._free_request(request)
+                stopped = True
+            outputs.append(output)
+        # Prompt logprobs of chunks that sampled nothing still travel to the output processor.
+        sampled = set(model_runner_output.req_ids)
+        for req_id, plp in model_runner_output.prompt_logprobs.items():
+            if req_id not in sampled and req_id in self.requests:
+                outputs.append(EngineCoreOutput(request_id=req_id, new_token_ids=[], new_prompt_logprobs=plp))
+        if stopped:
+            self.running = [r for r in self.running if not r.is_finished]
+        return outputs
+
+    def _check_stop(self, request: Request) -> bool:
+        params = request.sampling_params
+        last = request.output_token_ids[-1]
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and last in request.eos_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if last in params.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = last
+                return True
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
+        if request.num_tokens >= self.max_model_len or request.num_output_tokens >= max_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
+
+    # ---- stats ---------------------------------------------------------------------------
+
+    def make_stats(self) -> SchedulerStats:
+        pc = self.kv_cache_manager.prefix_cache_stats
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting) + len(self.skipped_waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            num_preemptions=self.num_preemptions,
+            prefix_cache_queries=pc.queries,
+            prefix_cache_hits=pc.hits,
+        )

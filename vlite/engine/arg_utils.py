@@ -1,0 +1,100 @@
+"""EngineArgs: the flat user-facing knobs (kwargs / CLI flags) -> validated configs + loaded model."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+import torch
+
+from vlite.config import CacheConfig, ModelConfig, SchedulerConfig, VliteConfig
+from vlite.model_loader import LlamaArchConfig, ResolvedModel, load_model_weights, resolve_model
+
+logger = logging.getLogger("vlite")
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineArgs:
+    model: Optional[str] = None
+    dtype: str = "auto"
+    max_model_len: Optional[int] = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory_bytes: Optional[int] = None
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = 1
+    seed: int = 0
+    chat_template: Optional[str] = None
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(f"unknown engine arguments: {unknown}")
+        return cls(**kwargs)
+
+    def create_engine_config(self) -> LoadedEngineConfig:
+        """Resolve and load the model, then size everything that depends on it."""
+        model_config = ModelConfig(model=self.model, dtype=self.dtype, max_model_len=self.max_model_len,
+                                   seed=self.seed, chat_template=self.chat_template)
+        cache_config = CacheConfig(block_size=self.block_size, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                                   enable_prefix_caching=self.enable_prefix_caching)
+        # Validate the scheduler knobs before the (slow) model load.
+        SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                        policy=self.scheduling_policy, long_prefill_token_threshold=self.long_prefill_token_threshold,
+                        max_num_partial_prefills=self.max_num_partial_prefills)
+        resolved = resolve_model(self.model)
+        torch_dtype = _TORCH_DTYPES[model_config.torch_dtype_name]
+        arch, weights = load_model_weights(resolved, torch_dtype)
+
+        from vlite.worker.model_runner import kv_cache_bytes_per_block
+
+        bytes_per_block = kv_cache_bytes_per_block(arch, self.block_size, torch_dtype)
+        num_blocks = cache_config.kv_bytes // bytes_per_block
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory_bytes ({cache_config.kv_bytes}) is smaller than one KV block "
+                             f"({bytes_per_block} bytes at block_size={self.block_size})")
+        capacity = num_blocks * self.block_size
+        max_model_len = self.max_model_len or min(arch.max_position_embeddings, capacity)
+        if max_model_len > arch.max_position_embeddings:
+            raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit "
+                             f"({arch.max_position_embeddings})")
+        if max_model_len > capacity:
+            raise ValueError(f"max_model_len ({max_model_len}) does not fit in the KV cache ({capacity} tokens); "
+                             f"raise kv_cache_memory_bytes or lower max_model_len")
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=max_model_len, policy=self.scheduling_policy,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            max_num_partial_prefills=self.max_num_partial_prefills)
+        logger.info("vlite: model %s (%s), KV cache %d blocks x %d tokens = %d tokens (%.1f MiB), max_model_len %d",
+                    resolved.name, model_config.torch_dtype_name, num_blocks, self.block_size, capacity,
+                    num_blocks * bytes_per_block / 2**20, max_model_len)
+        return LoadedEngineConfig(
+            config=VliteConfig(model_config, cache_config, scheduler_config), resolved=resolved, arch=arch,
+            weights=weights, torch_dtype=torch_dtype, num_kv_blocks=num_blocks,
+            eos_token_ids=tuple(arch.eos_token_ids))
+
+
+@dataclass
+class LoadedEngineConfig:
+    """Configs plus the facts found while loading (not written back into the frozen configs)."""
+
+    config: VliteConfig
+    resolved: ResolvedModel
+    arch: LlamaArchConfig
+    weights: dict[str, torch.Tensor] = field(repr=False)
+    torch_dtype: torch.dtype
+    num_kv_blocks: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.config.cache_config.block_size

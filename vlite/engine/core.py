@@ -1,0 +1,54 @@
+"""EngineCore: the step loop. schedule -> execute_model -> sample_tokens -> update_from_output."""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+from vlite.core.kv_cache_manager import KVCacheManager
+from vlite.core.sched.output import EngineCoreOutput
+from vlite.core.sched.scheduler import Scheduler, SchedulerStats
+from vlite.engine.arg_utils import LoadedEngineConfig
+from vlite.engine.input_processor import EngineCoreRequest
+from vlite.request import Request, RequestStatus
+from vlite.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, loaded: LoadedEngineConfig) -> None:
+        cfg = loaded.config
+        cache = cfg.cache_config
+        self.kv_cache_manager = KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching)
+        self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager)
+        self.model_runner = ModelRunner(
+            loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks, cache.block_size,
+            cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids)
+        loaded.weights = {}  # the model holds what it needs; drop the loader's references
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.scheduler.add_request(Request(
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.sampling_params, eos_token_ids=request.eos_token_ids,
+            arrival_time=request.arrival_time, priority=request.priority))
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def step(self) -> list[EngineCoreOutput]:
+        if not self.scheduler.has_unfinished_requests():
+            return []
+        scheduler_output = self.scheduler.schedule()
+        self.model_runner.execute_model(scheduler_output)
+        model_output = self.model_runner.sample_tokens()
+        return self.scheduler.update_from_output(scheduler_output, model_output)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def make_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()

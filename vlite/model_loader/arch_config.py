@@ -1,0 +1,277 @@
+"""Architecture description shared by every loader (GGUF and Hugging Face folders).
+
+The engine builds its model from this one frozen record, so both sources must
+agree on field meanings: they follow Hugging Face's ``LlamaConfig``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Architectures whose weight layout is exactly Llama's (no extra tensors, same names).
+SUPPORTED_HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
+
+# llama3 rope parameters used when a GGUF file only stores the precomputed factors
+# and no original context length; any value gives the same frequencies once the
+# low/high factors are fitted to it.
+_DEFAULT_LLAMA3_ORIGINAL_CONTEXT = 8192
+
+
+@dataclass(frozen=True)
+class LlamaArchConfig:
+    """Shape and numerics of a Llama-family decoder, in Hugging Face terms."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+
+    # ------------------------------------------------------------------ HF
+    @classmethod
+    def from_hf_config(
+        cls, config: dict[str, Any], generation_config: dict[str, Any] | None = None
+    ) -> LlamaArchConfig:
+        """Build from a parsed ``config.json`` (and optionally ``generation_config.json``).
+
+        Handles both the classic ``rope_theta``/``rope_scaling`` keys and the newer
+        ``rope_parameters`` dict written by transformers 5.
+        """
+        archs = config.get("architectures") or ["LlamaForCausalLM"]
+        arch = archs[0]
+        if arch not in SUPPORTED_HF_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_HF_ARCHITECTURES)}"
+            )
+        act = config.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported hidden_act {act!r}; only 'silu' is supported")
+        if arch == "MistralForCausalLM" and config.get("sliding_window") is not None:
+            raise ValueError("Mistral models with sliding_window attention are not supported")
+
+        hidden = int(config["hidden_size"])
+        n_heads = int(config["num_attention_heads"])
+        n_kv = int(config.get("num_key_value_heads") or n_heads)
+        head_dim = config.get("head_dim") or hidden // n_heads
+        rope_theta, rope_scaling = _hf_rope(config)
+
+        eos: list[int] = []
+        _extend_ids(eos, config.get("eos_token_id"))
+        if generation_config:
+            _extend_ids(eos, generation_config.get("eos_token_id"))
+        bos = config.get("bos_token_id")
+        if bos is None and generation_config:
+            bos = generation_config.get("bos_token_id")
+
+        return cls(
+            architecture="llama" if arch == "LlamaForCausalLM" else "mistral",
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]),
+            num_hidden_layers=int(config["num_hidden_layers"]),
+            num_attention_heads=n_heads,
+            num_key_value_heads=n_kv,
+            head_dim=int(head_dim),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=tuple(eos),
+            attention_bias=bool(config.get("attention_bias", False)),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+        )
+
+    # ---------------------------------------------------------------- GGUF
+    @classmethod
+    def from_gguf_metadata(cls, reader: Any) -> LlamaArchConfig:
+        """Build from a ``gguf.GGUFReader`` (metadata plus the optional ``rope_freqs`` tensor)."""
+        arch = _field(reader, "general.architecture")
+        if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
+            )
+
+        def key(name: str, default: Any = None) -> Any:
+            return _field(reader, f"{arch}.{name}", default)
+
+        hidden = int(key("embedding_length"))
+        n_heads = int(key("attention.head_count"))
+        n_kv = int(key("attention.head_count_kv", n_heads))
+        head_dim = int(key("attention.key_length", 0) or key("rope.dimension_count", 0) or hidden // n_heads)
+
+        tensor_names = {t.name: t for t in reader.tensors}
+        vocab = key("vocab_size")
+        if vocab is None:
+            vocab = int(tensor_names["token_embd.weight"].shape[1])
+        theta = float(key("rope.freq_base", 10000.0))
+        max_pos = int(key("context_length", 2048))
+
+        rope_scaling: dict[str, Any] | None = None
+        scaling_type = key("rope.scaling.type")
+        if scaling_type not in (None, "none"):
+            rope_scaling = {"rope_type": scaling_type, "factor": float(key("rope.scaling.factor", 1.0))}
+            orig = key("rope.scaling.original_context_length")
+            if orig is not None:
+                rope_scaling["original_max_position_embeddings"] = int(orig)
+        elif "rope_freqs.weight" in tensor_names:
+            # llama.cpp bakes llama3 rope scaling into per-frequency divisors.
+            from gguf.quants import dequantize
+
+            t = tensor_names["rope_freqs.weight"]
+            factors = dequantize(t.data, t.tensor_type).reshape(-1).astype(np.float64)
+            orig = key("rope.scaling.original_context_length")
+            rope_scaling = llama3_rope_from_factors(
+                factors, theta, head_dim, int(orig) if orig else _DEFAULT_LLAMA3_ORIGINAL_CONTEXT
+            )
+
+        eos: list[int] = []
+        for k in ("eos_token_id", "eot_token_id", "eom_token_id"):
+            _extend_ids(eos, _field(reader, f"tokenizer.ggml.{k}"))
+        bos = _field(reader, "tokenizer.ggml.bos_token_id")
+
+        return cls(
+            architecture=arch,
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(key("feed_forward_length")),
+            num_hidden_layers=int(key("block_count")),
+            num_attention_heads=n_heads,
+            num_key_value_heads=n_kv,
+            head_dim=head_dim,
+            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=max_pos,
+            tie_word_embeddings="output.weight" not in tensor_names,
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=tuple(eos),
+            attention_bias="blk.0.attn_q.bias" in tensor_names,
+            mlp_bias="blk.0.ffn_up.bias" in tensor_names,
+        )
+
+
+# ---------------------------------------------------------------------- helpers
+def _extend_ids(out: list[int], value: Any) -> None:
+    """Append an int or list of ints to ``out``, keeping order and skipping duplicates."""
+    if value is None:
+        return
+    values = value if isinstance(value, (list, tuple)) else [value]
+    for v in values:
+        if v is not None and int(v) not in out:
+            out.append(int(v))
+
+
+def _field(reader: Any, name: str, default: Any = None) -> Any:
+    """Scalar/string/array value of a GGUF metadata key, or ``default`` if absent."""
+    field = reader.fields.get(name)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def _hf_rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """Return (rope_theta, rope_scaling-or-None) from either HF config convention."""
+    params = config.get("rope_parameters")
+    scaling = config.get("rope_scaling")
+    theta = config.get("rope_theta")
+    if isinstance(params, dict):
+        if theta is None:
+            theta = params.get("rope_theta")
+        if scaling is None:
+            scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if theta is None:
+        theta = 10000.0
+    if scaling:
+        scaling = dict(scaling)
+        if "rope_type" not in scaling and "type" in scaling:
+            scaling["rope_type"] = scaling["type"]
+        scaling.pop("type", None)
+        scaling.pop("rope_theta", None)
+        if scaling.get("rope_type", "default") == "default":
+            scaling = None
+    return float(theta), scaling or None
+
+
+def llama3_factors(theta: float, head_dim: int, scaling: dict[str, Any]) -> np.ndarray:
+    """Per-frequency divisors that llama3 rope scaling applies (llama.cpp's ``rope_freqs``)."""
+    factor = float(scaling["factor"])
+    low = float(scaling["low_freq_factor"])
+    high = float(scaling["high_freq_factor"])
+    orig = float(scaling["original_max_position_embeddings"])
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (orig / wavelen - low) / (high - low)
+    out = 1.0 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelen < orig / high, 1.0, out)
+    out = np.where(wavelen > orig / low, factor, out)
+    return out
+
+
+def llama3_rope_from_factors(
+    factors: np.ndarray, theta: float, head_dim: int, original_context: int
+) -> dict[str, Any] | None:
+    """Recover an HF ``llama3`` rope_scaling dict from llama.cpp's stored divisors.
+
+    Only the ratios low/high to the original context are identifiable, so the
+    original context is fixed and the two factors are fitted to the transition
+    band; the result is checked to reproduce the stored divisors.
+    """
+    factors = np.asarray(factors, dtype=np.float64)
+    factor = float(factors.max())
+    if factor <= 1.0 + 1e-6:
+        return None
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if len(inv_freq) != len(factors):
+        raise ValueError(f"rope_freqs has {len(factors)} entries, expected {len(inv_freq)}")
+    x = original_context * inv_freq / (2 * math.pi)  # = orig / wavelen, decreasing
+    is_one = np.abs(factors - 1.0) < 1e-4
+    is_max = np.abs(factors - factor) < 1e-4 * factor
+    mid = ~(is_one | is_max)
+    if mid.sum() >= 2:
+        # smooth = (x - low) / (high - low) is linear in x: fit it.
+        smooth = (1.0 / factors[mid] - 1.0 / factor) / (1.0 - 1.0 / factor)
+        slope, intercept = np.polyfit(x[mid], smooth, 1)
+        low = -intercept / slope
+        high = low + 1.0 / slope
+    else:
+        # No usable transition band: put the thresholds between the neighbours.
+        hi_x = x[is_one].min() if is_one.any() else x.max() * 2
+        lo_x = x[is_max].max() if is_max.any() else x.min() / 2
+        high = float(np.sqrt(hi_x * max(x[~is_one].max() if (~is_one).any() else hi_x / 2, 1e-30)))
+        low = float(np.sqrt(lo_x * max(x[~is_max].min() if (~is_max).any() else lo_x * 2, 1e-30)))
+    scaling = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": float(low),
+        "high_freq_factor": float(high),
+        "original_max_position_embeddings": int(original_context),
+    }
+    if not np.allclose(llama3_factors(theta, head_dim, scaling), factors, rtol=1e-3, atol=1e-3):
+        raise ValueError("could not express the GGUF rope_freqs tensor as llama3 rope scaling")
+    return scaling

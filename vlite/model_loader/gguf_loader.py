@@ -1,0 +1,102 @@
+"""Load a Llama GGUF file into Hugging Face-named, dequantized torch tensors.
+
+The engine only runs dense weights, so every tensor is dequantized once at load
+time (in float32, for exactness) and cast to the requested dtype.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vlite.model_loader.arch_config import LlamaArchConfig
+
+# GGUF per-layer tensor base names -> Hugging Face Llama module names.
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+# Tensors that carry no weights for the HF layout (rope_freqs is folded into the config).
+_SKIPPED = {"rope_freqs.weight"}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    """Map a GGUF tensor name to its HF Llama name; None if it is not recognised."""
+    m = _LAYER_RE.match(name)
+    if m:
+        layer, base, kind = m.groups()
+        hf = _LAYER_NAMES.get(base)
+        return None if hf is None else f"model.layers.{layer}.{hf}.{kind}"
+    base, _, kind = name.rpartition(".")
+    hf = _GLOBAL_NAMES.get(base)
+    return None if hf is None or kind not in ("weight", "bias") else f"{hf}.{kind}"
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's rotary row permutation of a Q or K projection.
+
+    The converter regroups each head's rows from HF's rotate-half order
+    (first half, second half) into interleaved pairs; this restores HF order.
+    Works for weights (rows, cols) and biases (rows,).
+    """
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str, torch.Tensor]]:
+    """Read config and all weights of a Llama GGUF file, dequantized to ``dtype``."""
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(str(path))
+    config = LlamaArchConfig.from_gguf_metadata(reader)
+
+    weights: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        if t.name in _SKIPPED:
+            continue
+        hf_name = gguf_to_hf_name(t.name)
+        if hf_name is None:
+            raise ValueError(f"{path}: unexpected tensor {t.name!r} for a Llama GGUF file")
+        # GGUF lists dims fastest-first; numpy (row-major) wants them reversed.
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        arr = dequantize(t.data, t.tensor_type).reshape(shape)
+        if ".self_attn.q_proj." in hf_name:
+            arr = unpermute_qk(arr, config.num_attention_heads)
+        elif ".self_attn.k_proj." in hf_name:
+            arr = unpermute_qk(arr, config.num_key_value_heads)
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
+            arr = arr.copy()
+        weights[hf_name] = torch.from_numpy(arr).to(dtype)
+
+    _check_complete(path, config, weights)
+    return config, weights
+
+
+def _check_complete(path: Path, config: LlamaArchConfig, weights: dict[str, torch.Tensor]) -> None:
+    """Fail early, naming the tensor, if the file lacks a weight the model needs."""
+    needed = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not config.tie_word_embeddings:
+        needed.append("lm_head.weight")
+    for i in range(config.num_hidden_layers):
+        needed += [f"model.layers.{i}.{n}.weight" for n in _LAYER_NAMES.values()]
+    missing = [n for n in needed if n not in weights]
+    if missing:
+        raise ValueError(f"{path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")

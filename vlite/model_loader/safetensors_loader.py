@@ -1,0 +1,88 @@
+"""Load a Hugging Face-format Llama folder (config.json + *.safetensors)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vlite.model_loader.arch_config import LlamaArchConfig
+
+_INDEX_FILE = "model.safetensors.index.json"
+# Buffers some older checkpoints saved; the engine recomputes them.
+_IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """Parsed JSON file, or None if it does not exist."""
+    if not path.is_file():
+        return None
+    with path.open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """Checkpoint shards to read.
+
+    With an index file only the shards it names are used, so stray files such as
+    Mistral's ``consolidated.safetensors`` are not mixed in.
+    """
+    index = _read_json(folder / _INDEX_FILE)
+    if index is not None:
+        names = sorted(set(index["weight_map"].values()))
+        return [folder / n for n in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder}: no *.safetensors files found")
+    return files
+
+
+def expected_weight_names(config: LlamaArchConfig) -> set[str]:
+    """Every tensor name the engine's Llama model needs, HF naming."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not config.tie_word_embeddings:
+        names.add("lm_head.weight")
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            names.add(f"{p}self_attn.{proj}.weight")
+            if config.attention_bias:
+                names.add(f"{p}self_attn.{proj}.bias")
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names.add(f"{p}mlp.{proj}.weight")
+            if config.mlp_bias:
+                names.add(f"{p}mlp.{proj}.bias")
+    return names
+
+
+def load_hf_folder(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str, torch.Tensor]]:
+    """Read config and weights (cast to ``dtype``) from a Hugging Face model folder."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    hf_config = _read_json(path / "config.json")
+    if hf_config is None:
+        raise ValueError(f"{path}: config.json not found")
+    config = LlamaArchConfig.from_hf_config(hf_config, _read_json(path / "generation_config.json"))
+
+    expected = expected_weight_names(config)
+    weights: dict[str, torch.Tensor] = {}
+    for file in _safetensors_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if _IGNORED.search(name):
+                    continue
+                if name == "lm_head.weight" and config.tie_word_embeddings:
+                    continue  # tied: the engine reuses the embedding
+                if name not in expected:
+                    raise ValueError(f"{file}: unexpected tensor {name!r} for a Llama checkpoint")
+                weights[name] = f.get_tensor(name).to(dtype)
+
+    missing = sorted(expected - weights.keys())
+    if missing:
+        raise ValueError(f"{path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    return config, weights

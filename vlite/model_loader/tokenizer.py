@@ -1,0 +1,56 @@
+"""Tokenizer for a resolved model, always a transformers fast tokenizer."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from vlite.model_loader.resolve import ResolvedModel
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' info/warning chatter and progress bars for one call."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _gguf_chat_template(resolved: ResolvedModel) -> str | None:
+    """The ``tokenizer.chat_template`` metadata string of the GGUF file, if any."""
+    import gguf
+
+    assert resolved.gguf_file is not None
+    field = gguf.GGUFReader(str(resolved.gguf_file)).fields.get("tokenizer.chat_template")
+    return None if field is None else field.contents()
+
+
+def load_tokenizer(resolved: ResolvedModel) -> Any:
+    """Load the model's tokenizer (a ``PreTrainedTokenizerFast``) with its chat template.
+
+    For GGUF sources transformers rebuilds the tokenizer from the file's metadata;
+    if it leaves ``chat_template`` unset, the template is read from the file here
+    so chat requests keep working.
+    """
+    from transformers import AutoTokenizer
+
+    kwargs: dict[str, Any] = {}
+    if resolved.gguf_file is not None:
+        kwargs["gguf_file"] = resolved.gguf_file.name
+    with _quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), **kwargs)
+    if resolved.gguf_file is not None and not getattr(tokenizer, "chat_template", None):
+        template = _gguf_chat_template(resolved)
+        if template:
+            tokenizer.chat_template = template
+    return tokenizer

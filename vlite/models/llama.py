@@ -1,0 +1,99 @@
+"""Llama-family decoder (Llama, SmolLM, Mistral-style) assembled from vlite.layers.
+
+The model owns no KV state: the runner passes each layer its paged cache tensor and the step's
+attention metadata explicitly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata, paged_attention
+from vlite.layers.layernorm import RMSNorm
+from vlite.layers.rotary_embedding import RotaryEmbedding
+from vlite.model_loader import LlamaArchConfig
+
+Weights = dict[str, torch.Tensor]
+
+
+def _param(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.contiguous(), requires_grad=False)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: LlamaArchConfig, w: Weights, prefix: str, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                            cfg.head_dim)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        # Fused QKV projection: one matmul instead of three.
+        self.qkv_weight = _param(torch.cat([w[f"{prefix}.{n}_proj.weight"] for n in "qkv"]))
+        self.qkv_bias = (_param(torch.cat([w[f"{prefix}.{n}_proj.bias"] for n in "qkv"]))
+                         if cfg.attention_bias else None)
+        self.o_weight = _param(w[f"{prefix}.o_proj.weight"])
+        self.rotary = rotary
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale)
+        return F.linear(o.reshape(-1, self.q_size), self.o_weight)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: LlamaArchConfig, w: Weights, prefix: str) -> None:
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        # Fused gate/up projection.
+        self.gate_up_weight = _param(torch.cat([w[f"{prefix}.gate_proj.weight"], w[f"{prefix}.up_proj.weight"]]))
+        self.down_weight = _param(w[f"{prefix}.down_proj.weight"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_weight)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaArchConfig, w: Weights, i: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        p = f"model.layers.{i}"
+        self.input_layernorm = RMSNorm(w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, w, f"{p}.self_attn", rotary)
+        self.post_attention_layernorm = RMSNorm(w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg, w, f"{p}.mlp")
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, attn_metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: LlamaArchConfig, weights: Weights) -> None:
+        super().__init__()
+        self.config = cfg
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = _param(weights["model.embed_tokens.weight"])
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, weights, i, rotary) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(weights["model.norm.weight"], cfg.rms_norm_eps)
+        lm_head = weights.get("lm_head.weight")
+        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings or lm_head is None else _param(lm_head)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, attn_metadata)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()

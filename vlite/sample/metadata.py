@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-row sampling parameters of the requests sampled in one step, as batched tensors.
+
+    A field is None when no row in the batch uses it, so the sampler skips that stage entirely.
+    """
+
+    temperature: Optional[torch.Tensor]  # [B] float32; None when all rows are greedy
+    all_greedy: bool
+    all_random: bool
+    top_p: Optional[torch.Tensor]  # [B] float32
+    top_k: Optional[torch.Tensor]  # [B] int64, vocab size where disabled
+    min_p: Optional[torch.Tensor]  # [B] float32
+    generators: dict[int, torch.Generator]  # row -> generator of a seeded request
+    max_num_logprobs: Optional[int]  # largest `logprobs` in the batch; None: no logprobs
+    # Logits processors and penalties (None when no row uses them).
+    presence_penalties: Optional[torch.Tensor] = None  # [B]
+    frequency_penalties: Optional[torch.Tensor] = None  # [B]
+    repetition_penalties: Optional[torch.Tensor] = None  # [B]
+    prompt_token_ids: Optional[torch.Tensor] = None  # [B, max_prompt] padded with vocab_size
+    output_token_ids: Optional[torch.Tensor] = None  # [B, max_out] padded with vocab_size
+    disallowed_mask: Optional[torch.Tensor] = None  # [B, V] True = not in allowed_token_ids
+    logit_bias: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # (rows, token ids, bias)
+    min_tokens: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (rows, token ids) to suppress
+    bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)  # row -> words
+    output_token_lists: dict[int, list[int]] = field(default_factory=dict)  # row -> latest outputs
+
+    @property
+    def no_penalties(self) -> bool:
+        return self.presence_penalties is None and self.frequency_penalties is None and \
+            self.repetition_penalties is None

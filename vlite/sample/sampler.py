@@ -1,0 +1,165 @@
+"""Sampler: logits of the sampled rows -> token ids (+ logprobs), batched over the step.
+
+Order of operations (as in the design):
+  1. raw logprobs (log_softmax of the model's logits) if any row wants logprobs
+  2. logits -> float32
+  3. logits processors: allowed_token_ids mask, bad_words, min_tokens (EOS/stop suppressed),
+     logit_bias
+  4. penalties: repetition (prompt + output), frequency and presence (output)
+  5. greedy rows: argmax; other rows: temperature -> min_p -> top-k/top-p -> random sample
+  6. logprobs of the top-N tokens and of the sampled token, with the sampled token's rank
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from vlite.sample.metadata import SamplingMetadata
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class LogprobsTensors:
+    token_ids: torch.Tensor  # [B, N+1], column 0 the sampled token
+    logprobs: torch.Tensor  # [B, N+1]
+    ranks: torch.Tensor  # [B] rank of the sampled token (1 = most likely)
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [B] int64
+    logprobs_tensors: Optional[LogprobsTensors]
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        raw_logprobs = None
+        if md.max_num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+        logits = logits.to(torch.float32, copy=True)
+        logits = apply_logits_processors(logits, md)
+        logits = apply_penalties(logits, md)
+        sampled = self.sample(logits, md)
+        lp = None
+        if raw_logprobs is not None:
+            lp = gather_logprobs(raw_logprobs, md.max_num_logprobs or 0, sampled)
+        return SamplerOutput(sampled, lp)
+
+    @staticmethod
+    def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        greedy = None if md.all_random else logits.argmax(dim=-1)
+        if md.all_greedy:
+            assert greedy is not None
+            return greedy
+        assert md.temperature is not None
+        # Greedy rows carry temperature 1 here; their random sample is discarded below.
+        temperature = torch.where(md.temperature < 1e-5, 1.0, md.temperature)
+        logits = logits / temperature[:, None]
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
+        if md.top_k is not None or md.top_p is not None:
+            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        probs = torch.softmax(logits, dim=-1)
+        random = random_sample(probs, md.generators)
+        if greedy is None:
+            return random
+        return torch.where(md.temperature < 1e-5, greedy, random)
+
+
+def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    if md.disallowed_mask is not None:
+        logits.masked_fill_(md.disallowed_mask, _NEG_INF)
+    for row, words in md.bad_words_token_ids.items():
+        past = md.output_token_lists[row]
+        for word in words:
+            prefix = word[:-1]
+            if not prefix or (len(past) >= len(prefix) and past[len(past) - len(prefix):] == prefix):
+                logits[row, word[-1]] = _NEG_INF
+    if md.min_tokens is not None:
+        rows, ids = md.min_tokens
+        logits[rows, ids] = _NEG_INF
+    if md.logit_bias is not None:
+        rows, ids, bias = md.logit_bias
+        logits.index_put_((rows, ids), bias, accumulate=True)
+    return logits
+
+
+def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, L] ids padded with vocab_size -> [B, V] occurrence counts."""
+    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=torch.int32)
+    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=torch.int32))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    if md.no_penalties:
+        return logits
+    vocab_size = logits.shape[1]
+    assert md.output_token_ids is not None
+    output_counts = _token_counts(md.output_token_ids, vocab_size)
+    if md.repetition_penalties is not None:
+        assert md.prompt_token_ids is not None
+        seen = (_token_counts(md.prompt_token_ids, vocab_size) > 0) | (output_counts > 0)
+        p = md.repetition_penalties[:, None].expand_as(logits)
+        penalized = torch.where(logits > 0, logits / p, logits * p)
+        logits = torch.where(seen, penalized, logits)
+    if md.frequency_penalties is not None:
+        logits = logits - md.frequency_penalties[:, None] * output_counts
+    if md.presence_penalties is not None:
+        logits = logits - md.presence_penalties[:, None] * (output_counts > 0)
+    return logits
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the most likely token's."""
+    probs = torch.softmax(logits, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return logits.masked_fill(probs < threshold, _NEG_INF)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
+                      top_p: Optional[torch.Tensor]) -> torch.Tensor:
+    """Keep the k most likely tokens, then the smallest set whose probability reaches p.
+
+    One ascending sort serves both: top-k masks everything below the k-th largest value;
+    top-p masks the low tail whose cumulative probability is at most 1 - p (the most likely
+    token always survives).
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    vocab_size = logits.shape[1]
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (vocab_size - top_k.clamp(1, vocab_size))[:, None])
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, _NEG_INF)
+    if top_p is not None:
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cum <= (1 - top_p)[:, None]
+        drop[:, -1] = False
+        sorted_logits = sorted_logits.masked_fill(drop, _NEG_INF)
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """argmax(p / E) with E ~ Exp(1) draws from p; seeded rows draw E from their own generator."""
+    q = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        q.exponential_()
+    for row, gen in generators.items():
+        q[row].exponential_(generator=gen)
+    return probs.div_(q).argmax(dim=-1)
+
+
+def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
+    """Top-N logprobs per row, with the sampled token's logprob and rank in front."""
+    sampled = logprobs.gather(1, token_ids[:, None])
+    ranks = (logprobs > sampled).sum(dim=-1) + 1
+    if num_logprobs > 0:
+        top_lp, top_ids = torch.topk(logprobs, num_logprobs, dim=-1)
+        ids = torch.cat([token_ids[:, None], top_ids], dim=1)
+        lps = torch.cat([sampled, top_lp], dim=1)
+    else:
+        ids, lps = token_ids[:, None], sampled
+    return LogprobsTensors(ids, lps, ranks)

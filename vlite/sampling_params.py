@@ -1,0 +1,155 @@
+"""Sampling parameters with vLLM's names, defaults and validation."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+_SAMPLING_EPS = 1e-5
+
+
+class RequestOutputKind(enum.Enum):
+    """What each RequestOutput of a streaming request carries."""
+
+    CUMULATIVE = 0  # all text and tokens so far
+    DELTA = 1  # only what is new since the last output
+    FINAL_ONLY = 2  # nothing until the request finishes
+
+
+class SamplingType(enum.IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. Invalid values raise ValueError naming the field.
+
+    `top_k` 0 or -1 disables top-k; `temperature` 0 means greedy.
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    logit_bias: Optional[dict[int, float]] = None
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    truncate_prompt_tokens: Optional[int] = None
+    # Filled by the input processor: token ids of bad_words as the model would emit them.
+    _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias is not None:
+            # JSON clients send string keys.
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError, AttributeError) as e:
+                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}") from e
+        self._verify()
+        if self.temperature < _SAMPLING_EPS:
+            # Greedy: the filters are meaningless, normalise them so batching stays on the fast path.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        if self.top_k == -1:
+            self.top_k = 0
+
+    def _verify(self) -> None:
+        def check(ok: bool, name: str, limit: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} must be {limit}, got {getattr(self, name)!r}")
+
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
+                     "min_p"):
+            value = getattr(self, name)
+            check(_is_number(value) and math.isfinite(value), name, "a finite number")
+        for name in ("n", "top_k", "min_tokens"):
+            check(isinstance(getattr(self, name), int) and not isinstance(getattr(self, name), bool), name,
+                  "an integer")
+        check(self.n >= 1, "n", "at least 1")
+        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]")
+        check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]")
+        check(self.repetition_penalty > 0.0, "repetition_penalty", "greater than 0")
+        check(self.temperature >= 0.0, "temperature", "non-negative")
+        check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]")
+        check(self.top_k >= -1, "top_k", "-1, 0 (disabled) or a positive integer")
+        check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]")
+        if self.max_tokens is not None:
+            check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "at least 1")
+        check(self.min_tokens >= 0, "min_tokens", "non-negative")
+        if self.max_tokens is not None:
+            check(self.min_tokens <= self.max_tokens, "min_tokens", f"at most max_tokens ({self.max_tokens})")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                check(isinstance(value, int) and value >= -1, name, "-1 (whole vocabulary) or a non-negative integer")
+        if self.seed is not None:
+            check(isinstance(self.seed, int), "seed", "an integer")
+        if self.truncate_prompt_tokens is not None:
+            check(isinstance(self.truncate_prompt_tokens, int) and self.truncate_prompt_tokens >= 1,
+                  "truncate_prompt_tokens", "at least 1")
+        check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings")
+        check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+              "a list of non-negative token ids")
+        if self.allowed_token_ids is not None:
+            check(len(self.allowed_token_ids) > 0 and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids),
+                  "allowed_token_ids", "a non-empty list of non-negative token ids")
+        if self.logit_bias is not None:
+            check(all(k >= 0 and math.isfinite(v) for k, v in self.logit_bias.items()), "logit_bias",
+                  "a map from non-negative token ids to finite numbers")
+        if self.bad_words is not None:
+            check(all(isinstance(w, str) and w for w in self.bad_words), "bad_words", "a list of non-empty strings")
+        check(isinstance(self.output_kind, RequestOutputKind), "output_kind", "a RequestOutputKind")
+
+    def verify_vocab(self, vocab_size: int) -> None:
+        """Token ids must exist in the model's vocabulary."""
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            ids = getattr(self, name) or []
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(f"{name} contains token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+        bad = [t for t in (self.logit_bias or {}) if t >= vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias contains token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM_SEED if self.seed is not None else SamplingType.RANDOM
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        return set(self.stop_token_ids or [])
+
+    def clone(self) -> SamplingParams:
+        import copy
+
+        return copy.deepcopy(self)

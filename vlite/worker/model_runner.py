@@ -1,0 +1,255 @@
+"""ModelRunner: SchedulerOutput -> model forward -> sampled tokens.
+
+execute_model() follows the design's sub-steps: _update_states (sync the persistent batch),
+_prepare_inputs (positions, query_start_loc, seq_lens, slot_mapping, logits_indices), attention
+metadata, the forward, and logits at logits_indices only. sample_tokens() then runs the sampler.
+
+    query_start_loc for 3 requests scheduled with [1, 5, 1] tokens:  [0, 1, 6, 7]
+    logits_indices = query_start_loc[1:] - 1                        = [0, 5, 6]
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from vlite.attention.backends.torch_sdpa import build_metadata
+from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
+from vlite.model_loader import LlamaArchConfig
+from vlite.models.llama import LlamaForCausalLM
+from vlite.sample.metadata import SamplingMetadata
+from vlite.sample.sampler import Sampler
+from vlite.sampling_params import SamplingParams
+from vlite.worker.input_batch import InputBatch
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def kv_cache_bytes_per_block(arch: LlamaArchConfig, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * elem
+
+
+@dataclass
+class CachedRequestState:
+    """What the runner keeps of a request across steps, including across a preemption."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    generator: Optional[torch.Generator]
+
+
+@dataclass
+class _StepState:
+    req_ids: list[str]  # sampled requests, in logits row order
+    rows: np.ndarray  # their batch rows
+    logits: torch.Tensor
+
+
+class ModelRunner:
+    def __init__(self, arch: LlamaArchConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
+                 eos_token_ids: tuple[int, ...]) -> None:
+        self.arch = arch
+        self.dtype = dtype
+        self.block_size = block_size
+        self.vocab_size = arch.vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.model = LlamaForCausalLM(arch, weights).eval()
+        shape = (2, num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(arch.num_hidden_layers)]
+        max_blocks_per_req = -(-(max_model_len + 1) // block_size)
+        self.input_batch = InputBatch(max_num_reqs, max_model_len, max_blocks_per_req, arch.vocab_size)
+        self.requests: dict[str, CachedRequestState] = {}
+        self.sampler = Sampler()
+        self._step: Optional[_StepState] = None
+
+    # ---- execute_model -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        self._update_states(scheduler_output)
+        self._step = None
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return
+        inputs = self._prepare_inputs(scheduler_output)
+        hidden = self.model(inputs["input_ids"], inputs["positions"], self.kv_caches, inputs["attn_metadata"])
+        logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
+        self._step = _StepState(inputs["sample_req_ids"], inputs["sample_rows"], logits)
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.input_batch
+        for req_id in so.finished_req_ids:
+            batch.remove_request(req_id)
+            self.requests.pop(req_id, None)
+        for req_id in so.preempted_req_ids:
+            batch.remove_request(req_id)  # keep the state: its generator must continue, not restart
+        for new in so.scheduled_new_reqs:
+            state = self.requests.get(new.req_id)
+            if state is None:
+                params = new.sampling_params
+                gen = None
+                if params.seed is not None:
+                    gen = torch.Generator().manual_seed(params.seed)
+                state = CachedRequestState(new.req_id, new.prompt_token_ids, params, gen)
+                self.requests[new.req_id] = state
+            batch.add_request(new.req_id, new.prompt_token_ids + new.output_token_ids, len(new.prompt_token_ids),
+                              new.num_computed_tokens, new.block_ids, state.sampling_params, state.generator)
+        cached = so.scheduled_cached_reqs
+        for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
+                                                        cached.num_computed_tokens):
+            row = batch.req_id_to_index[req_id]
+            if new_block_ids:
+                batch.append_block_ids(row, new_block_ids)
+            batch.num_computed_tokens[row] = num_computed
+
+    def _prepare_inputs(self, so: SchedulerOutput) -> dict:
+        batch = self.input_batch
+        req_ids = list(so.num_scheduled_tokens)
+        rows = np.fromiter((batch.req_id_to_index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        order = np.argsort(rows, kind="stable")
+        rows = rows[order]
+        req_ids = [req_ids[i] for i in order]
+        num_scheduled = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64,
+                                    count=len(req_ids))
+
+        query_start_loc = np.zeros(len(req_ids) + 1, dtype=np.int64)
+        np.cumsum(num_scheduled, out=query_start_loc[1:])
+        total = int(query_start_loc[-1])
+        req_indices = np.repeat(np.arange(len(req_ids)), num_scheduled)
+        token_rows = rows[req_indices]
+        offsets = np.arange(total) - query_start_loc[:-1][req_indices]
+        num_computed = batch.num_computed_tokens[rows]
+        positions = num_computed[req_indices] + offsets
+        input_ids = batch.token_ids[token_rows, positions]
+        block_numbers = batch.block_table[token_rows, positions // self.block_size]
+        slot_mapping = block_numbers * self.block_size + positions % self.block_size
+        seq_lens = num_computed + num_scheduled
+
+        sample_mask = np.fromiter((r in so.sample_req_ids for r in req_ids), dtype=bool, count=len(req_ids))
+        logits_indices = (query_start_loc[1:] - 1)[sample_mask]
+
+        block_table = batch.block_table[rows]
+        attn_metadata = build_metadata(torch.from_numpy(query_start_loc), torch.from_numpy(seq_lens),
+                                       torch.from_numpy(block_table), torch.from_numpy(slot_mapping),
+                                       self.block_size)
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "positions": torch.from_numpy(positions),
+            "attn_metadata": attn_metadata,
+            "logits_indices": torch.from_numpy(logits_indices),
+            "sample_req_ids": [r for r, m in zip(req_ids, sample_mask) if m],
+            "sample_rows": rows[sample_mask],
+        }
+
+    # ---- sample_tokens -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def sample_tokens(self) -> ModelRunnerOutput:
+        step = self._step
+        if step is None or not step.req_ids:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        metadata = self._make_sampling_metadata(step.rows)
+        out = self.sampler(step.logits, metadata)
+        sampled = out.sampled_token_ids
+
+        # Append the sampled tokens to the persistent batch: they are the next step's inputs.
+        batch = self.input_batch
+        rows = step.rows
+        batch.token_ids[rows, batch.num_tokens[rows]] = sampled.numpy()
+        batch.num_tokens[rows] += 1
+
+        sampled_list = sampled.tolist()
+        result = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=[[t] for t in sampled_list])
+        if out.logprobs_tensors is not None:
+            lt = out.logprobs_tensors
+            ids, lps, ranks = lt.token_ids.tolist(), lt.logprobs.tolist(), lt.ranks.tolist()
+            num_logprobs = batch.num_logprobs[rows]
+            for i, req_id in enumerate(step.req_ids):
+                n = int(num_logprobs[i])
+                if n >= 0:
+                    result.logprobs[req_id] = ([ids[i][:n + 1]], [lps[i][:n + 1]], [ranks[i]])
+        self._step = None
+        return result
+
+    def _make_sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+        b = self.input_batch
+        temperature = b.temperature[rows]
+        greedy = temperature < 1e-5
+        top_p, top_k, min_p = b.top_p[rows], b.top_k[rows], b.min_p[rows]
+        num_logprobs = b.num_logprobs[rows]
+        row_pos = {int(r): i for i, r in enumerate(rows)}
+
+        def col(values: np.ndarray, neutral: float) -> Optional[torch.Tensor]:
+            return torch.from_numpy(values) if (values != neutral).any() else None
+
+        md = SamplingMetadata(
+            temperature=None if greedy.all() else torch.from_numpy(temperature),
+            all_greedy=bool(greedy.all()),
+            all_random=bool((~greedy).all()),
+            top_p=col(top_p, 1.0),
+            top_k=torch.from_numpy(np.where(top_k > 0, top_k, self.vocab_size)) if (top_k > 0).any() else None,
+            min_p=col(min_p, 0.0),
+            generators={row_pos[r]: g for r, g in b.generators.items() if r in row_pos},
+            max_num_logprobs=int(num_logprobs.max()) if (num_logprobs >= 0).any() else None,
+            presence_penalties=col(b.presence_penalty[rows], 0.0),
+            frequency_penalties=col(b.frequency_penalty[rows], 0.0),
+            repetition_penalties=col(b.repetition_penalty[rows], 1.0),
+        )
+        if not md.no_penalties:
+            md.prompt_token_ids, md.output_token_ids = self._padded_token_ids(rows)
+        self._add_sparse_processors(md, row_pos)
+        return md
+
+    def _padded_token_ids(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt and output ids of the rows, right-padded with vocab_size (an id that never occurs)."""
+        b = self.input_batch
+        n_prompt, n_total = b.num_prompt_tokens[rows], b.num_tokens[rows]
+        max_prompt = int(n_prompt.max())
+        max_out = max(int((n_total - n_prompt).max()), 1)
+        j = np.arange(max_prompt)
+        prompt = np.where(j < n_prompt[:, None], b.token_ids[rows, :max_prompt], self.vocab_size)
+        k = n_prompt[:, None] + np.arange(max_out)
+        out = np.where(k < n_total[:, None], b.token_ids[rows[:, None], np.minimum(k, b.token_ids.shape[1] - 1)],
+                       self.vocab_size)
+        return torch.from_numpy(prompt), torch.from_numpy(out)
+
+    def _add_sparse_processors(self, md: SamplingMetadata, row_pos: dict[int, int]) -> None:
+        b = self.input_batch
+        if any(r in row_pos for r in b.allowed_token_ids):
+            mask = torch.zeros(len(row_pos), self.vocab_size, dtype=torch.bool)
+            for r, ids in b.allowed_token_ids.items():
+                if r in row_pos:
+                    mask[row_pos[r]] = True
+                    mask[row_pos[r], ids] = False
+            md.disallowed_mask = mask
+        bias_rows, bias_ids, bias_vals = [], [], []
+        for r, bias in b.logit_bias.items():
+            if r in row_pos:
+                bias_rows += [row_pos[r]] * len(bias)
+                bias_ids += list(bias)
+                bias_vals += list(bias.values())
+        if bias_rows:
+            md.logit_bias = (torch.tensor(bias_rows), torch.tensor(bias_ids), torch.tensor(bias_vals))
+        min_rows, min_ids = [], []
+        for r, i in row_pos.items():
+            if b.min_tokens[r] > 0 and b.num_tokens[r] - b.num_prompt_tokens[r] < b.min_tokens[r]:
+                params = b.sampling_params[r]
+                ids = list(b.stop_token_ids.get(r, [])) + ([] if params and params.ignore_eos else self.eos_token_ids)
+                min_rows += [i] * len(ids)
+                min_ids += ids
+        if min_rows:
+            md.min_tokens = (torch.tensor(min_rows), torch.tensor(min_ids))
+        for r, words in b.bad_words.items():
+            if r in row_pos:
+                md.bad_words_token_ids[row_pos[r]] = words
+                longest = max(len(w) for w in words)
+                start = max(int(b.num_prompt_tokens[r]), int(b.num_tokens[r]) - longest)
+                md.output_token_lists[row_pos[r]] = b.token_ids[r, start:int(b.num_tokens[r])].tolist()
