@@ -1,0 +1,57 @@
+"""Reference greedy decoding with transformers, and the near-tie comparison rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NEAR_TIE = 1e-3
+
+
+@dataclass
+class Reference:
+    token_ids: list[int]
+    logprobs: torch.Tensor  # [steps, vocab] log_softmax of transformers' float32 logits
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> Reference:
+    """Plain greedy loop over transformers' forward with its KV cache (no EOS stop)."""
+    out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
+    past, logits = out.past_key_values, out.logits[0, -1]
+    tokens, lps = [], []
+    for _ in range(max_new_tokens):
+        lps.append(torch.log_softmax(logits.float(), -1))
+        token = int(logits.argmax())
+        tokens.append(token)
+        out = model(input_ids=torch.tensor([[token]]), past_key_values=past, use_cache=True)
+        past, logits = out.past_key_values, out.logits[0, -1]
+    return Reference(tokens, torch.stack(lps))
+
+
+def compare_greedy(ours: list[int], our_logprobs, ref: Reference, atol: float) -> dict:
+    """Token-identical up to the first divergence, which must follow a near-tie in the reference.
+
+    `our_logprobs` is CompletionOutput.logprobs (per position {token_id: Logprob}); at every
+    compared position the top-N logprobs must match the reference's within `atol`.
+    Returns {"matched": n, "diverged_at": i or None, "max_diff": float}.
+    """
+    max_diff = 0.0
+    n = min(len(ours), len(ref.token_ids))
+    for i in range(n):
+        ref_lp = ref.logprobs[i]
+        if our_logprobs is not None:
+            for token_id, lp in our_logprobs[i].items():
+                diff = abs(lp.logprob - float(ref_lp[token_id]))
+                max_diff = max(max_diff, diff)
+                assert diff < atol, f"position {i}: logprob of token {token_id} differs by {diff}"
+        if ours[i] != ref.token_ids[i]:
+            top2 = torch.topk(ref_lp, 2).values
+            gap = float(top2[0] - top2[1])
+            assert gap < NEAR_TIE, (f"diverged at position {i} (ours {ours[i]}, reference {ref.token_ids[i]}) "
+                                    f"but the reference's top-2 gap is {gap:.2e}, not a near-tie")
+            assert ours[i] in torch.topk(ref_lp, 2).indices.tolist()
+            return {"matched": i, "diverged_at": i, "max_diff": max_diff}
+    assert len(ours) == len(ref.token_ids)
+    return {"matched": n, "diverged_at": None, "max_diff": max_diff}
