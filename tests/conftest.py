@@ -36,3 +36,11 @@ def hf_model(model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, gguf_file=GGUF_NAME, dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def llm_fp32():
+    """One float32 engine on the default model, shared by tests that leave it idle."""
+    from vlite import LLM
+
+    return LLM(dtype="float32", max_num_batched_tokens=128, kv_cache_memory_bytes=128 * 2**20)

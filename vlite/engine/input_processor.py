@@ -75,11 +75,14 @@ class InputProcessor:
         bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        problems = []
         if n > self.max_model_len:
-            raise ValueError(f"prompt is {n} tokens long, more than max_model_len ({self.max_model_len})")
+            problems.append(f"more than max_model_len ({self.max_model_len})")
         if n > self.kv_capacity_tokens:
-            raise ValueError(f"prompt is {n} tokens long but the KV cache holds at most {self.kv_capacity_tokens} "
-                             f"tokens (raise kv_cache_memory_bytes)")
+            problems.append(f"more than the KV cache holds ({self.kv_capacity_tokens} tokens; raise "
+                            f"kv_cache_memory_bytes)")
+        if problems:
+            raise ValueError(f"prompt is {n} tokens long, " + " and ".join(problems))
         params.verify_vocab(self.vocab_size)
         if params.n != 1:
             raise ValueError(f"n must be 1 for now, got {params.n}")

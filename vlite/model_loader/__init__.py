@@ -25,9 +25,11 @@ def load_model_weights(
 ) -> tuple[LlamaArchConfig, dict[str, torch.Tensor]]:
     """Config and HF-named weights (cast to ``dtype``) of a resolved model, GGUF or safetensors."""
     if resolved.gguf_file is not None:
+        from vlite.model_loader.cache import cached_gguf_weights
         from vlite.model_loader.gguf_loader import load_gguf
 
-        return load_gguf(Path(resolved.gguf_file), dtype)
+        path = Path(resolved.gguf_file)
+        return cached_gguf_weights(path, dtype, lambda: load_gguf(path, dtype))
     from vlite.model_loader.safetensors_loader import load_hf_folder
 
     return load_hf_folder(Path(resolved.path), dtype)

@@ -42,14 +42,23 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
     if it leaves ``chat_template`` unset, the template is read from the file here
     so chat requests keep working.
     """
+    if resolved.gguf_file is None:
+        from transformers import AutoTokenizer
+
+        with _quiet_transformers():
+            return AutoTokenizer.from_pretrained(str(resolved.path))
+    from vlite.model_loader.cache import cached_gguf_tokenizer
+
+    with _quiet_transformers():
+        return cached_gguf_tokenizer(resolved.gguf_file, lambda: _load_gguf_tokenizer(resolved))
+
+
+def _load_gguf_tokenizer(resolved: ResolvedModel) -> Any:
     from transformers import AutoTokenizer
 
-    kwargs: dict[str, Any] = {}
-    if resolved.gguf_file is not None:
-        kwargs["gguf_file"] = resolved.gguf_file.name
-    with _quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), **kwargs)
-    if resolved.gguf_file is not None and not getattr(tokenizer, "chat_template", None):
+    assert resolved.gguf_file is not None
+    tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), gguf_file=resolved.gguf_file.name)
+    if not getattr(tokenizer, "chat_template", None):
         template = _gguf_chat_template(resolved)
         if template:
             tokenizer.chat_template = template

