@@ -84,10 +84,6 @@ class InputProcessor:
         if problems:
             raise ValueError(f"prompt is {n} tokens long, " + " and ".join(problems))
         params.verify_vocab(self.vocab_size)
-        if params.n != 1:
-            raise ValueError(f"n must be 1 for now, got {params.n}")
-        if params.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs is not supported yet")
 
     def _tokenize_bad_words(self, words: list[str]) -> list[list[int]]:
         """Each word as the model would emit it: at the start of a text and after a space."""

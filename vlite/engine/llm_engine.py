@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict
 from typing import Any, Iterable, Optional
@@ -14,8 +15,9 @@ import torch
 
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.core import EngineCore
-from vlite.engine.input_processor import InputProcessor, PromptType
+from vlite.engine.input_processor import EngineCoreRequest, InputProcessor, PromptType
 from vlite.engine.output_processor import OutputProcessor
+from vlite.engine.parallel_sampling import ParentRequest
 from vlite.model_loader import load_tokenizer
 from vlite.outputs import RequestOutput
 from vlite.sampling_params import SamplingParams
@@ -42,6 +44,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCore(loaded)
         self._pending_outputs: list[RequestOutput] = []
+        self._children: dict[str, list[str]] = {}  # n > 1 request id -> its children's ids
         self._start_time = time.time()
         self._totals = {"prompt_tokens": 0, "generation_tokens": 0}
 
@@ -60,15 +63,30 @@ class LLMEngine:
             request_id, prompt, params or SamplingParams(), arrival_time, priority)
         self._add_processed_request(prompt_text, request)
 
-    def _add_processed_request(self, prompt_text: Optional[str], request: Any) -> None:
+    def _add_processed_request(self, prompt_text: Optional[str], request: EngineCoreRequest) -> None:
+        """Register a validated request; n > 1 fans out into n children sharing the prompt."""
+        if request.request_id in self._children:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        if request.sampling_params.n == 1:
+            self._add_child(prompt_text, request, None, 0)
+            return
+        parent = ParentRequest(request.request_id, request.sampling_params)
+        self._children[request.request_id] = parent.child_ids
+        for i, child_id in enumerate(parent.child_ids):
+            child = dataclasses.replace(request, request_id=child_id, sampling_params=parent.child_params(i))
+            self._add_child(prompt_text, child, parent, i)
+
+    def _add_child(self, prompt_text: Optional[str], request: EngineCoreRequest, parent: Optional[ParentRequest],
+                   index: int) -> None:
         self.output_processor.add_request(request.request_id, prompt_text, request.prompt_token_ids,
-                                          request.sampling_params, request.arrival_time)
+                                          request.sampling_params, request.arrival_time, parent, index)
         self.engine_core.add_request(request)
         self._totals["prompt_tokens"] += len(request.prompt_token_ids)
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         """Abort; the next step() returns each request's final output with finish_reason='abort'."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        ids = [child for req_id in ids for child in self._children.pop(req_id, [req_id])]
         self.engine_core.abort_requests(ids)
         self._pending_outputs.extend(self.output_processor.abort_requests(ids))
 
@@ -80,6 +98,9 @@ class LLMEngine:
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort)
         outputs.extend(processed.request_outputs)
+        for out in processed.request_outputs:
+            if out.finished:
+                self._children.pop(out.request_id, None)
         return outputs
 
     def has_unfinished_requests(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from vlite.core.sched.output import EngineCoreOutput
 from vlite.engine.detokenizer import IncrementalDetokenizer
+from vlite.engine.parallel_sampling import ParentRequest
 from vlite.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput, SampleLogprobs
 from vlite.request import FinishReason
 from vlite.sampling_params import RequestOutputKind, SamplingParams
@@ -37,6 +38,8 @@ class RequestState:
     last_token_time: Optional[float] = None
     finish_reason: Optional[str] = None
     stop_reason: int | str | None = None
+    parent: Optional[ParentRequest] = None  # set for the children of an n > 1 request
+    index: int = 0
 
 
 @dataclass
@@ -51,14 +54,16 @@ class OutputProcessor:
         self.request_states: dict[str, RequestState] = {}
 
     def add_request(self, request_id: str, prompt: Optional[str], prompt_token_ids: list[int],
-                    params: SamplingParams, arrival_time: Optional[float] = None) -> None:
+                    params: SamplingParams, arrival_time: Optional[float] = None,
+                    parent: Optional[ParentRequest] = None, index: int = 0) -> None:
         detok = None
         if params.detokenize and self.tokenizer is not None:
             detok = IncrementalDetokenizer(
                 self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
                 spaces_between_special_tokens=params.spaces_between_special_tokens, stop=params.stop,
                 include_stop_str_in_output=params.include_stop_str_in_output)
-        state = RequestState(request_id, prompt, prompt_token_ids, params, detok, arrival_time or time.time())
+        state = RequestState(request_id, prompt, prompt_token_ids, params, detok, arrival_time or time.time(),
+                             parent=parent, index=index)
         if params.logprobs is not None:
             state.logprobs, state.cumulative_logprob = [], 0.0
         if params.prompt_logprobs is not None:
@@ -136,8 +141,14 @@ class OutputProcessor:
         return None if self.tokenizer is None else self.tokenizer.decode([token_id])
 
     def _make_request_output(self, state: RequestState, finished: bool) -> Optional[RequestOutput]:
+        out = self._make_child_output(state, finished)
+        if out is not None and state.parent is not None:
+            return state.parent.aggregate(state.index, out)
+        return out
+
+    def _make_child_output(self, state: RequestState, finished: bool) -> Optional[RequestOutput]:
         kind = state.params.output_kind
-        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+        if kind == RequestOutputKind.FINAL_ONLY and not finished and state.parent is None:
             return None
         delta = kind == RequestOutputKind.DELTA
         text = ""

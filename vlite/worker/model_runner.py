@@ -22,7 +22,7 @@ from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from vlite.model_loader import LlamaArchConfig
 from vlite.models.llama import LlamaForCausalLM
 from vlite.sample.metadata import SamplingMetadata
-from vlite.sample.sampler import Sampler
+from vlite.sample.sampler import Sampler, gather_logprobs
 from vlite.sampling_params import SamplingParams
 from vlite.worker.input_batch import InputBatch
 
@@ -44,6 +44,8 @@ class CachedRequestState:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     generator: Optional[torch.Generator]
+    # Prompt positions whose logprobs were already reported (a preempted request recomputes them).
+    num_prompt_logprobs_done: int = 0
 
 
 @dataclass
@@ -51,6 +53,7 @@ class _StepState:
     req_ids: list[str]  # sampled requests, in logits row order
     rows: np.ndarray  # their batch rows
     logits: torch.Tensor
+    prompt_logprobs: dict  # req_id -> lists, computed in execute_model
 
 
 class ModelRunner:
@@ -82,7 +85,8 @@ class ModelRunner:
         inputs = self._prepare_inputs(scheduler_output)
         hidden = self.model(inputs["input_ids"], inputs["positions"], self.kv_caches, inputs["attn_metadata"])
         logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
-        self._step = _StepState(inputs["sample_req_ids"], inputs["sample_rows"], logits)
+        prompt_logprobs = self._compute_prompt_logprobs(so=scheduler_output, hidden=hidden, inputs=inputs)
+        self._step = _StepState(inputs["sample_req_ids"], inputs["sample_rows"], logits, prompt_logprobs)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -147,7 +151,39 @@ class ModelRunner:
             "logits_indices": torch.from_numpy(logits_indices),
             "sample_req_ids": [r for r, m in zip(req_ids, sample_mask) if m],
             "sample_rows": rows[sample_mask],
+            "req_ids": req_ids,
+            "rows": rows,
+            "query_start_loc": query_start_loc,
+            "num_scheduled": num_scheduled,
         }
+
+    def _compute_prompt_logprobs(self, so: SchedulerOutput, hidden: torch.Tensor, inputs: dict) -> dict:
+        """Logprobs of each prompt token given the tokens before it, for requests that ask.
+
+        The hidden state at position p predicts token p+1; a chunk covering positions
+        [start, start+n) yields entries for prompt tokens start+1 .. min(start+n, num_prompt-1).
+        """
+        batch = self.input_batch
+        out: dict = {}
+        for i, (req_id, row) in enumerate(zip(inputs["req_ids"], inputs["rows"])):
+            params = batch.sampling_params[row]
+            if params is None or params.prompt_logprobs is None:
+                continue
+            state = self.requests[req_id]
+            start = int(batch.num_computed_tokens[row])
+            n_prompt = int(batch.num_prompt_tokens[row])
+            first = max(start, state.num_prompt_logprobs_done)  # position whose successor is scored
+            end = min(start + int(inputs["num_scheduled"][i]), n_prompt - 1)
+            if end <= first:
+                continue
+            q0 = int(inputs["query_start_loc"][i])
+            logprobs = torch.log_softmax(self.model.compute_logits(hidden[q0 + first - start:q0 + end - start]), -1)
+            targets = torch.from_numpy(batch.token_ids[row, first + 1:end + 1].copy())
+            k = params.prompt_logprobs if params.prompt_logprobs >= 0 else self.vocab_size
+            lt = gather_logprobs(logprobs, min(k, self.vocab_size), targets)
+            out[req_id] = (lt.token_ids.tolist(), lt.logprobs.tolist(), lt.ranks.tolist())
+            state.num_prompt_logprobs_done = end
+        return out
 
     # ---- sample_tokens -------------------------------------------------------------------
 
@@ -155,7 +191,8 @@ class ModelRunner:
     def sample_tokens(self) -> ModelRunnerOutput:
         step = self._step
         if step is None or not step.req_ids:
-            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[],
+                                     prompt_logprobs=step.prompt_logprobs if step is not None else {})
         metadata = self._make_sampling_metadata(step.rows)
         out = self.sampler(step.logits, metadata)
         sampled = out.sampled_token_ids
@@ -167,7 +204,8 @@ class ModelRunner:
         batch.num_tokens[rows] += 1
 
         sampled_list = sampled.tolist()
-        result = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=[[t] for t in sampled_list])
+        result = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=[[t] for t in sampled_list],
+                                   prompt_logprobs=step.prompt_logprobs)
         if out.logprobs_tensors is not None:
             lt = out.logprobs_tensors
             ids, lps, ranks = lt.token_ids.tolist(), lt.logprobs.tolist(), lt.ranks.tolist()
