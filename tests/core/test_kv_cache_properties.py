@@ -41,7 +41,7 @@ def prompts(max_size: int):
     return st.builds(lambda p, s: (list(p) + s)[:max_size] or [0], st.sampled_from(PREFIXES),
                      st.lists(st.sampled_from(ALPHABET), max_size=6))
 
-SETTINGS = settings(max_examples=150, stateful_step_count=40, deadline=None,
+SETTINGS = settings(max_examples=200, stateful_step_count=50, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
@@ -164,9 +164,12 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
     @rule(prompt=prompts(12),
           want_prompt_logprobs=st.integers(0, 9))
     def add_request(self, prompt, want_prompt_logprobs):
+        self._add(prompt, want_prompt_logprobs == 0)
+
+    def _add(self, prompt, prompt_logprobs: bool) -> None:
         rid = f"r{self.next_id}"
         self.next_id += 1
-        sp = SamplingParams(prompt_logprobs=1 if want_prompt_logprobs == 0 else None)
+        sp = SamplingParams(prompt_logprobs=1 if prompt_logprobs else None)
         self.reqs[rid] = Request(request_id=rid, prompt_token_ids=prompt, sampling_params=sp)
         self.waiting.append(rid)
 
@@ -176,7 +179,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         """A new request whose prompt is a prefix of a live request's tokens: sure prefix hits."""
         src = self.reqs[data.draw(st.sampled_from(sorted(self.reqs)))]
         n = data.draw(st.integers(1, src.num_tokens))
-        self.add_request(src.all_token_ids[:n], 1)
+        self._add(src.all_token_ids[:n], False)
 
     @precondition(lambda self: self.waiting)
     @rule(data=st.data())
@@ -416,7 +419,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @initialize(policy=st.sampled_from(["fcfs", "priority"]), max_num_seqs=st.integers(1, 4),
                 max_num_batched_tokens=st.integers(2, 16), threshold=st.sampled_from([0, 0, 2, 3, 5]),
-                partial=st.integers(1, 2), num_blocks=st.integers(3, 10),
+                partial=st.integers(1, 2), num_blocks=st.integers(3, 8),
                 block_size=st.sampled_from([1, 2, 4]), enable_caching=st.booleans(),
                 seed=st.integers(0, 2 ** 16))
     def init(self, policy, max_num_seqs, max_num_batched_tokens, threshold, partial, num_blocks, block_size,
@@ -435,8 +438,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def add_request(self, data):
         max_prompt = min(self.max_model_len - 1, 14)
-        prompt = data.draw(prompts(max_prompt))
-        max_tokens = data.draw(st.integers(1, 6))
+        if self.known and data.draw(st.booleans()):
+            # A prefix of an earlier request's tokens (prompt + outputs): sure prefix hits.
+            src = self.known[data.draw(st.sampled_from(sorted(self.known)))]
+            prompt = src.all_token_ids[:data.draw(st.integers(1, min(max_prompt, src.num_tokens)))]
+        else:
+            prompt = data.draw(prompts(max_prompt))
+        max_tokens = data.draw(st.integers(1, 8))
         sp = SamplingParams(max_tokens=max_tokens, min_tokens=data.draw(st.integers(0, max_tokens)),
                             ignore_eos=data.draw(st.booleans()),
                             stop_token_ids=data.draw(st.sampled_from([[], [], [2]])))
@@ -462,11 +470,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert so.preempted_req_ids.isdisjoint(so.num_scheduled_tokens)
         if so.preempted_req_ids:
             assert not so.scheduled_new_reqs, "nothing is admitted in a step that preempts"
+        if cfg.policy == "fcfs":
+            arrivals = [sched.requests[d.req_id].arrival_time for d in so.scheduled_new_reqs]
+            assert arrivals == sorted(arrivals), "FCFS admitted requests out of arrival order"
         if cfg.long_prefill_token_threshold:
             assert all(n <= cfg.long_prefill_token_threshold for n in so.num_scheduled_tokens.values())
         for rid in so.num_scheduled_tokens:
             assert sched.requests[rid].status == RequestStatus.RUNNING
         mro = self.runner.execute(so, self.rng, VOCAB)
+        # The runner's view, rebuilt from deltas only, matches the scheduler's.
+        for rid in so.num_scheduled_tokens:
+            req = sched.requests[rid]
+            assert self.runner.block_ids[rid] == self.kv.get_block_ids(rid)
+            assert self.runner.tokens[rid] == req.all_token_ids + ([mro.sampled_token_ids[mro.req_ids.index(rid)][0]]
+                                                                   if rid in mro.req_ids else [])
+            assert self.runner.num_computed[rid] == req.num_computed_tokens
         outs = sched.update_from_output(so, mro)
         sampled = dict(zip(mro.req_ids, mro.sampled_token_ids))
         for out in outs:
@@ -506,9 +524,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert sp.ignore_eos or last not in req.eos_token_ids
 
     @precondition(lambda self: self.sched is not None)
-    @rule()
-    def step(self):
-        self._step()
+    @rule(n=st.integers(1, 4))
+    def step(self, n):
+        for _ in range(n):
+            self._step()
 
     @precondition(lambda self: self.sched is not None)
     @rule(data=st.data())
@@ -571,6 +590,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
                 assert req.num_computed_tokens == 0
         assert set(sched.requests).isdisjoint(self.done)
+        if cfg.policy == "fcfs":
+            # FCFS: both queues stay in arrival order (preempted requests included).
+            for queue in (sched.waiting, sched.skipped_waiting):
+                arrivals = [r.arrival_time for r in queue]
+                assert arrivals == sorted(arrivals), f"queue out of arrival order: {list(queue)}"
         check_block_invariants(self.kv, {r.request_id: self.kv.req_to_blocks[r.request_id]
                                          for r in sched.running if r.request_id in self.kv.req_to_blocks})
         assert set(self.kv.req_to_blocks) == {r.request_id for r in sched.running}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 
 NEAR_TIE = 1e-3
+ATOL = 1e-3  # logprob agreement with transformers in float32
 
 
 @dataclass
@@ -18,15 +20,17 @@ class Reference:
 @torch.inference_mode()
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> Reference:
     """Plain greedy loop over transformers' forward with its KV cache (no EOS stop)."""
+    # transformers renamed past_key_values to cache; use whichever this version has.
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
-    past, logits = out.past_key_values, out.logits[0, -1]
+    past, logits = getattr(out, name), out.logits[0, -1]
     tokens, lps = [], []
     for _ in range(max_new_tokens):
         lps.append(torch.log_softmax(logits.float(), -1))
         token = int(logits.argmax())
         tokens.append(token)
-        out = model(input_ids=torch.tensor([[token]]), past_key_values=past, use_cache=True)
-        past, logits = out.past_key_values, out.logits[0, -1]
+        out = model(input_ids=torch.tensor([[token]]), use_cache=True, **{name: past})
+        past, logits = getattr(out, name), out.logits[0, -1]
     return Reference(tokens, torch.stack(lps))
 
 
@@ -55,3 +59,17 @@ def compare_greedy(ours: list[int], our_logprobs, ref: Reference, atol: float) -
             return {"matched": i, "diverged_at": i, "max_diff": max_diff}
     assert len(ours) == len(ref.token_ids)
     return {"matched": n, "diverged_at": None, "max_diff": max_diff}
+
+
+def compare_runs(a, b) -> int:
+    """Two engine runs of the same greedy request: identical, or apart only after a near-tie.
+
+    a, b: CompletionOutputs with logprobs >= 1. Returns the number of identical leading tokens.
+    """
+    for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
+        if x != y:
+            lp = sorted((v.logprob for v in a.logprobs[i].values()), reverse=True)
+            assert len(lp) >= 2 and lp[0] - lp[1] < NEAR_TIE, f"runs diverge at {i} without a near-tie"
+            return i
+    assert len(a.token_ids) == len(b.token_ids)
+    return len(a.token_ids)

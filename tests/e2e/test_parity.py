@@ -9,25 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.e2e.prompts import prompts_of_lengths
-from tests.e2e.reference import compare_greedy, hf_greedy
+from tests.e2e.conftest import MAX_NEW
+from tests.e2e.reference import ATOL, compare_greedy
 from vlite import LLM, SamplingParams
 
-LENGTHS = [1, 3, 12, 45, 130, 260, 420, 600]
-MAX_NEW = 64
-ATOL = 1e-3
-
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def prompts(hf_tokenizer):
-    return prompts_of_lengths(hf_tokenizer, LENGTHS)
-
-
-@pytest.fixture(scope="module")
-def references(hf_model, prompts):
-    return [hf_greedy(hf_model, p, MAX_NEW) for p in prompts]
 
 
 def _generate(llm: LLM, prompts: list[list[int]]):

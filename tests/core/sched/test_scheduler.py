@@ -175,75 +175,89 @@ def test_fcfs_ignores_priority():
 
 
 def test_preempted_request_resumes_first_fcfs():
-    # 4 blocks of 4 tokens. a and b each hold 2 blocks after 5 tokens; a's 9th token needs a 5th.
+    # 4 blocks of 4 tokens. a and b hold 2 blocks each once they pass 4 tokens; a's 9th token needs
+    # a 5th block, so b (the last running request) is preempted; c waits for a free seat.
     sched = make_scheduler(num_blocks=4, block_size=4, enable_caching=False, max_num_seqs=2)
     sched.add_request(make_req("a", 4, max_tokens=6))
     sched.add_request(make_req("b", 4, max_tokens=6))
     sched.add_request(make_req("c", 4, max_tokens=2))
     trace = run(sched)
-    pre_step = next(i for i, p in enumerate(trace.preempted) if p)
-    assert trace.preempted[pre_step] == {"b"}  # FCFS: the last running request is the victim
-    assert "a" in trace.steps[pre_step] and "b" not in trace.steps[pre_step]
-    # b comes back (as a new request, recomputing prompt + outputs) before c ever runs.
-    resume = next(i for i in range(pre_step + 1, len(trace.steps)) if "b" in trace.new[i])
-    assert resume < trace.first_step("c")
-    so = trace.scheduler_outputs[resume]
-    data = next(d for d in so.scheduled_new_reqs if d.req_id == "b")
-    assert data.num_computed_tokens == 0
-    assert len(data.output_token_ids) >= 1 and data.output_token_ids == [TOKEN] * len(data.output_token_ids)
-    assert trace.steps[resume]["b"] == 4 + len(data.output_token_ids)
+    assert trace.steps == [{"a": 4, "b": 4}] + [{"a": 1, "b": 1}] * 4 + [{"a": 1}, {"b": 9, "c": 4}, {"c": 1}]
+    assert trace.preempted[5] == {"b"}
+    # b comes back as a new request ahead of c, recomputing its prompt and its 5 outputs.
+    assert trace.new[6] == ["b", "c"]
+    data = trace.scheduler_outputs[6].scheduled_new_reqs[0]
+    assert data.req_id == "b" and data.num_computed_tokens == 0
+    assert data.output_token_ids == [TOKEN] * 5
     # Everyone ends with the right number of tokens; b's outputs are not duplicated by the recompute.
     assert trace.outputs == {"a": [TOKEN] * 6, "b": [TOKEN] * 6, "c": [TOKEN] * 2}
     assert trace.finish == {"a": "length", "b": "length", "c": "length"}
-    assert sched.num_preemptions >= 1
+    assert sched.num_preemptions == 1 and sched.make_stats().num_preemptions == 1
     assert_all_free(sched)
 
 
 def test_preempted_request_resumes_before_a_later_skipped_one_fcfs():
     # 5 blocks of 2 tokens. c arrives while a and b run and does not fit, so it is skipped; then a
-    # preempts b. b arrived before c, so under FCFS b resumes first.
+    # preempts b. b arrived before c, so under FCFS b resumes first, although c is in
+    # skipped_waiting and b at the head of waiting.
     sched = make_scheduler(num_blocks=5, block_size=2, enable_caching=False, max_num_seqs=3)
     sched.add_request(make_req("a", 2, max_tokens=8))
     sched.add_request(make_req("b", 2, max_tokens=8))
     trace = Trace()
     step(sched, trace)  # a, b: one block each
-    sched.add_request(make_req("c", 6, max_tokens=1))  # needs 3 blocks, 3 free... after step 2 only 1
+    sched.add_request(make_req("c", 6, max_tokens=1))  # 3 blocks
     step(sched, trace)
-    assert trace.steps[-1] == {"a": 1, "b": 1, "c": 4} or "c" not in trace.steps[-1]
+    assert [r.request_id for r in sched.skipped_waiting] == ["c"]
+    step(sched, trace)
+    step(sched, trace)
+    assert trace.preempted[3] == {"b"}
+    assert [r.request_id for r in sched.waiting] == ["b"]
+    step(sched, trace)  # neither fits; they keep their arrival order
+    assert [r.request_id for r in sched.skipped_waiting] == ["b", "c"]
     run(sched, trace)
-    pre = [i for i, p in enumerate(trace.preempted) if p]
-    if pre and "b" in trace.preempted[pre[0]] and "c" not in trace.steps[pre[0]] and \
-            trace.first_step("c") > pre[0]:
-        resume_b = next(i for i in range(pre[0] + 1, len(trace.steps)) if "b" in trace.steps[i])
-        assert resume_b <= trace.first_step("c"), trace.steps
-    assert trace.outputs["b"] == [TOKEN] * 8
+    assert trace.first_step("b") < trace.first_step("c")
+    resume = next(i for i in range(4, len(trace.steps)) if "b" in trace.steps[i])
+    assert trace.steps[resume] == {"b": 5}  # 2 prompt + 3 outputs recomputed
+    assert resume < trace.first_step("c")
+    assert trace.outputs == {"a": [TOKEN] * 8, "b": [TOKEN] * 8, "c": [TOKEN]}
     assert_all_free(sched)
 
 
 def test_preempted_request_reuses_its_cached_prefix():
+    # 6 blocks of 4; a and b (8-token prompts) both grow to 3 blocks, then a preempts b. b's
+    # freed prompt blocks stay cached, so it resumes with a prefix hit and recomputes the rest.
     sched = make_scheduler(num_blocks=6, block_size=4, max_num_seqs=2)
     sched.add_request(make_req("a", 8, max_tokens=9))
     sched.add_request(make_req("b", 8, max_tokens=9))
     trace = run(sched)
-    assert sched.num_preemptions >= 1
-    for i, new in enumerate(trace.new):
-        so = trace.scheduler_outputs[i]
-        for d in so.scheduled_new_reqs:
-            if i > 0 and d.req_id in ("a", "b"):
-                assert d.num_computed_tokens % 4 == 0
+    assert trace.preempted[5] == {"b"}
+    resume = next(i for i in range(6, len(trace.steps)) if "b" in trace.new[i])
+    data = trace.scheduler_outputs[resume].scheduled_new_reqs[0]
+    assert data.num_computed_tokens == 8  # its two prompt blocks
+    assert trace.steps[resume] == {"b": 8 + 5 - 8}  # prompt + 5 outputs, minus the hit
     assert trace.outputs == {"a": [TOKEN] * 9, "b": [TOKEN] * 9}
     assert_all_free(sched)
 
 
-def test_priority_preempts_lowest_priority():
-    sched = make_scheduler(num_blocks=4, block_size=4, enable_caching=False, max_num_seqs=3, policy="priority")
-    sched.add_request(make_req("hi", 4, priority=0, max_tokens=6))
-    sched.add_request(make_req("lo", 4, priority=3, max_tokens=6))
-    sched.add_request(make_req("mid", 4, priority=1, max_tokens=6))
-    trace = run(sched)
-    first = next(p for p in trace.preempted if p)
-    assert first == {"lo"}
-    assert trace.outputs == {"hi": [TOKEN] * 6, "lo": [TOKEN] * 6, "mid": [TOKEN] * 6}
+@pytest.mark.parametrize("policy, victim", [("priority", "lo"), ("fcfs", "hi")])
+def test_preemption_victim(policy, victim):
+    # lo runs first; hi (better priority) joins a step later. When the pool runs dry, priority
+    # preempts the worst-priority request, FCFS the last admitted one.
+    sched = make_scheduler(num_blocks=4, block_size=4, enable_caching=False, max_num_seqs=2, policy=policy)
+    sched.add_request(make_req("lo", 4, priority=3, max_tokens=8))
+    trace = Trace()
+    step(sched, trace)
+    sched.add_request(make_req("hi", 4, priority=0, max_tokens=8))
+    run(sched, trace)
+    assert [p for p in trace.preempted if p] == [{victim}]
+    pre = next(i for i, p in enumerate(trace.preempted) if p)
+    survivor = "hi" if victim == "lo" else "lo"
+    # The survivor decodes in every step after the preemption until it is done; the victim
+    # comes back only then (it no longer fits beside it).
+    last = max(trace.steps_of(survivor))
+    assert all(trace.steps[i] == {survivor: 1} for i in range(pre + 1, last + 1))
+    assert trace.first_step(victim) < pre < min(i for i in trace.steps_of(victim) if i > pre)
+    assert trace.outputs == {"lo": [TOKEN] * 8, "hi": [TOKEN] * 8}
     assert_all_free(sched)
 
 
@@ -280,7 +294,8 @@ def test_skipped_requests_keep_their_order():
     step(sched, trace)
     assert [r.request_id for r in sched.skipped_waiting] == ["x", "y"]
     run(sched, trace)
-    assert trace.first_step("x") < trace.first_step("y")
+    first = trace.first_step("x")
+    assert trace.new[first] == ["x", "y"]  # admitted together once a is done, x first
     assert_all_free(sched)
 
 
@@ -349,10 +364,12 @@ def test_max_num_partial_prefills_respected():
     assert trace.steps[0] == {"a": 4, "c": 2}
     assert [r.request_id for r in sched.skipped_waiting] == ["b"]
     run(sched, trace)
-    for s in trace.steps:
-        partial = [r for r, n in s.items() if r in ("a", "b")]
-        assert len(partial) <= 1 or "a" not in s or trace.steps.index(s) >= max(trace.steps_of("a"))
-    assert trace.first_step("b") == max(trace.steps_of("a"))  # b starts as a's prompt completes
+    for so in trace.scheduler_outputs:
+        # A chunk that does not reach the end of its prompt samples nothing.
+        mid_prompt = [r for r in so.num_scheduled_tokens if r not in so.sample_req_ids]
+        assert len(mid_prompt) <= 1
+    assert trace.steps_of("a") == [0, 1, 2, 3, 4]
+    assert trace.first_step("b") == 4  # b starts in the step that completes a's prompt
     assert_all_free(sched)
 
     sched = make_scheduler(max_num_batched_tokens=8, long_prefill_token_threshold=4, max_num_partial_prefills=2)

@@ -203,13 +203,15 @@ class Scheduler:
         return min(num_new_tokens, token_budget)
 
     def _select_waiting_queue_for_scheduling(self) -> Optional[RequestQueue]:
-        """FCFS: skipped requests first (they arrived earlier). PRIORITY: the better head."""
-        if self.policy == SchedulingPolicy.FCFS:
-            return self.skipped_waiting or self.waiting or None
+        """The queue with the better head. FCFS: the earlier arrival, since a preempted request at
+        the head of `waiting` may have arrived before the skipped ones. PRIORITY: (priority, arrival)."""
         if self.skipped_waiting and self.waiting:
             a, b = self.skipped_waiting.peek_request(), self.waiting.peek_request()
-            return self.skipped_waiting if (a.priority, a.arrival_time) <= (b.priority, b.arrival_time) \
-                else self.waiting
+            if self.policy == SchedulingPolicy.FCFS:
+                a_key, b_key = (a.arrival_time,), (b.arrival_time,)
+            else:
+                a_key, b_key = (a.priority, a.arrival_time), (b.priority, b.arrival_time)
+            return self.skipped_waiting if a_key <= b_key else self.waiting
         return self.skipped_waiting or self.waiting or None
 
     def _select_preemption_victim(self, req_index: int) -> Request:

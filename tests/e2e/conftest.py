@@ -1,0 +1,37 @@
+"""Prompts and transformers references shared by the end-to-end tests (computed once per session)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.prompts import corpus_ids, prompts_of_lengths
+from tests.e2e.reference import hf_greedy
+
+LENGTHS = [1, 3, 12, 45, 130, 260, 420, 600]
+MAX_NEW = 64
+
+
+@pytest.fixture(scope="session")
+def prompts(hf_tokenizer):
+    """Eight prompts of very different lengths (1 to 600 tokens)."""
+    return prompts_of_lengths(hf_tokenizer, LENGTHS)
+
+
+@pytest.fixture(scope="session")
+def references(hf_model, prompts):
+    return [hf_greedy(hf_model, p, MAX_NEW) for p in prompts]
+
+
+@pytest.fixture(scope="session")
+def shared_prefix_prompts(hf_tokenizer):
+    """Six prompts, several sharing long prefixes (so the prefix cache has something to hit)."""
+    ids = corpus_ids(hf_tokenizer)
+    base = ids[2000:2300]
+    tails = [ids[4000 + 97 * i:4000 + 97 * i + 7 + 13 * i] for i in range(6)]
+    return [base + tails[0], base + tails[1], base[:150] + tails[2], base + tails[3], base[:40] + tails[4],
+            tails[5]]
+
+
+@pytest.fixture(scope="session")
+def shared_prefix_references(hf_model, shared_prefix_prompts):
+    return [hf_greedy(hf_model, p, 32) for p in shared_prefix_prompts]
