@@ -74,6 +74,7 @@ class Request:
     # Prompt tokens served from the prefix cache the first time this request was scheduled.
     num_cached_tokens: int = -1
     num_preemptions: int = 0
+    first_scheduled_time: float | None = None
     stop_reason: int | str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)

@@ -10,6 +10,7 @@ from vlite.core.sched.output import EngineCoreOutput
 from vlite.core.sched.scheduler import Scheduler, SchedulerStats
 from vlite.engine.arg_utils import LoadedEngineConfig
 from vlite.engine.input_processor import EngineCoreRequest
+from vlite.profiler import section
 from vlite.request import Request, RequestStatus
 from vlite.worker.model_runner import ModelRunner
 
@@ -39,10 +40,13 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         if not self.scheduler.has_unfinished_requests():
             return []
-        scheduler_output = self.scheduler.schedule()
+        with section("schedule"):
+            scheduler_output = self.scheduler.schedule()
         self.model_runner.execute_model(scheduler_output)
-        model_output = self.model_runner.sample_tokens()
-        return self.scheduler.update_from_output(scheduler_output, model_output)
+        with section("sample"):
+            model_output = self.model_runner.sample_tokens()
+        with section("update_from_output"):
+            return self.scheduler.update_from_output(scheduler_output, model_output)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

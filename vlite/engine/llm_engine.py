@@ -20,6 +20,7 @@ from vlite.engine.output_processor import OutputProcessor
 from vlite.engine.parallel_sampling import ParentRequest
 from vlite.model_loader import load_tokenizer
 from vlite.outputs import RequestOutput
+from vlite.profiler import section
 from vlite.sampling_params import SamplingParams
 
 
@@ -94,7 +95,8 @@ class LLMEngine:
         outputs, self._pending_outputs = self._pending_outputs, []
         engine_core_outputs = self.engine_core.step()
         self._totals["generation_tokens"] += sum(len(o.new_token_ids) for o in engine_core_outputs)
-        processed = self.output_processor.process_outputs(engine_core_outputs)
+        with section("output_processing"):
+            processed = self.output_processor.process_outputs(engine_core_outputs)
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort)
         outputs.extend(processed.request_outputs)

@@ -36,6 +36,7 @@ class RequestState:
     sent_logprobs: int = 0
     first_token_time: Optional[float] = None
     last_token_time: Optional[float] = None
+    queue_time: Optional[float] = None
     finish_reason: Optional[str] = None
     stop_reason: int | str | None = None
     parent: Optional[ParentRequest] = None  # set for the children of an n > 1 request
@@ -43,9 +44,30 @@ class RequestState:
 
 
 @dataclass
+class FinishedRequestStats:
+    finish_reason: str
+    e2e_latency: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    queue_time: Optional[float]
+
+
+@dataclass
+class IterationStats:
+    """Latency samples of one batch of engine outputs, for the metrics loggers."""
+
+    num_generation_tokens: int = 0
+    num_prompt_tokens: int = 0  # of requests that produced their first token in this batch
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+@dataclass
 class OutputProcessorOutput:
     request_outputs: list[RequestOutput]
     reqs_to_abort: list[str]  # ended by a stop string here; still running in the engine core
+    iteration_stats: IterationStats = field(default_factory=IterationStats)
 
 
 class OutputProcessor:
@@ -92,6 +114,7 @@ class OutputProcessor:
     def process_outputs(self, engine_core_outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
         request_outputs: list[RequestOutput] = []
         reqs_to_abort: list[str] = []
+        stats = IterationStats()
         now = time.time()
         for eco in engine_core_outputs:
             state = self.request_states.get(eco.request_id)
@@ -100,9 +123,16 @@ class OutputProcessor:
             state.num_cached_tokens = eco.num_cached_tokens
             if eco.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
                 state.prompt_logprobs.extend(self._to_logprobs(eco.new_prompt_logprobs))
+            if eco.first_scheduled_time is not None:
+                state.queue_time = max(eco.first_scheduled_time - state.arrival_time, 0.0)
             if eco.new_token_ids:
+                stats.num_generation_tokens += len(eco.new_token_ids)
                 if state.first_token_time is None:
                     state.first_token_time = now
+                    stats.time_to_first_tokens.append(now - state.arrival_time)
+                    stats.num_prompt_tokens += len(state.prompt_token_ids)
+                else:
+                    stats.inter_token_latencies.append(now - (state.last_token_time or now))
                 state.last_token_time = now
                 state.token_ids.extend(eco.new_token_ids)
                 if eco.new_logprobs is not None and state.logprobs is not None:
@@ -123,8 +153,11 @@ class OutputProcessor:
             if out is not None:
                 request_outputs.append(out)
             if finished:
+                stats.finished_requests.append(FinishedRequestStats(
+                    str(state.finish_reason), now - state.arrival_time, len(state.prompt_token_ids),
+                    len(state.token_ids), state.queue_time))
                 del self.request_states[eco.request_id]
-        return OutputProcessorOutput(request_outputs, reqs_to_abort)
+        return OutputProcessorOutput(request_outputs, reqs_to_abort, stats)
 
     def _to_logprobs(self, lists: tuple[list[list[int]], list[list[float]], list[int]]) -> SampleLogprobs:
         """(ids, logprobs, sampled ranks) per position -> {id: Logprob}; column 0 is the chosen token."""

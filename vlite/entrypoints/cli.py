@@ -1,4 +1,4 @@
-"""The `vlite` command line: `vlite generate`, `vlite chat` (and later `serve`, `bench`).
+"""The `vlite` command line: `vlite generate`, `vlite chat`, `vlite bench <name>` (and later `serve`).
 
 Layout, so a new subcommand is one small function:
 
@@ -435,6 +435,55 @@ def run_chat(ns: argparse.Namespace) -> int:
         print(file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+@subcommand
+def _add_bench(subparsers: Any) -> None:
+    # `vlite bench throughput|latency|prefix-cache|scheduler`: see vlite/benchmarks/.
+    from vlite.benchmarks import add_bench_parser
+
+    add_bench_parser(subparsers)
+
+
+@subcommand
+def _add_serve(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the OpenAI-compatible HTTP server",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+                    "/v1/models, /health, /version, /metrics, /tokenize, /detokenize). The engine core runs in "
+                    "its own process.")
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="the model to serve (same as --model); default: the bundled SmolLM2-135M-Instruct")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    parser.add_argument("--port", type=_positive_int, default=8000, help="port to bind (default: %(default)s)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="model name(s) clients use in the `model` field; default: the model argument")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="require `Authorization: Bearer KEY` on every route but /health, /metrics and "
+                             "/version (also read from VLITE_API_KEY)")
+    parser.add_argument("--uvicorn-log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug", "trace"],
+                        help="uvicorn's log level (default: %(default)s)")
+    parser.add_argument("--max-request-body-bytes", type=parse_size, default=4 * 2**20, metavar="BYTES",
+                        help="reject larger request bodies with 413 (default: 4MiB)")
+    _add_common_args(parser)
+    add_engine_args(parser)
+    parser.set_defaults(handler=run_serve)
+
+
+def run_serve(ns: argparse.Namespace) -> int:
+    from vlite.entrypoints.openai.api_server import run_server
+
+    if ns.model_tag is not None:
+        if ns.model is not None and ns.model != ns.model_tag:
+            raise ValueError(f"model given twice: {ns.model_tag!r} and --model {ns.model!r}")
+        ns.model = ns.model_tag
+    _configure_quiet(ns.verbose)
+    logging.getLogger("vlite").setLevel(logging.INFO if ns.verbose else logging.WARNING)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(levelname)s %(message)s")
+    return run_server(engine_args_from_cli(ns), ns.host, ns.port, ns.served_model_name, ns.api_key,
+                      ns.uvicorn_log_level, ns.max_request_body_bytes)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -71,6 +71,8 @@ class EngineCoreOutput:
     new_logprobs: tuple[list[list[int]], list[list[float]], list[int]] | None = None
     new_prompt_logprobs: tuple[list[list[int]], list[list[float]], list[int]] | None = None
     num_cached_tokens: int = 0
+    # Wall time the request was first scheduled; sent with its first output (queue-time metric).
+    first_scheduled_time: float | None = None
 
     @property
     def finished(self) -> bool:

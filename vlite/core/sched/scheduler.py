@@ -7,6 +7,7 @@ requests decode in the same batch. Pure Python bookkeeping: no torch here.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -180,6 +181,7 @@ class Scheduler:
             request.num_computed_tokens = num_computed_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed_tokens
+                request.first_scheduled_time = time.time()
             num_partial_prefills += is_partial
             scheduled_new.append(NewRequestData(
                 req_id=request.request_id,
@@ -255,6 +257,7 @@ class Scheduler:
                 new_logprobs=model_runner_output.logprobs.get(req_id),
                 new_prompt_logprobs=model_runner_output.prompt_logprobs.get(req_id),
                 num_cached_tokens=max(request.num_cached_tokens, 0),
+                first_scheduled_time=request.first_scheduled_time if request.num_output_tokens == 1 else None,
             )
             if request.is_finished:
                 output.finish_reason = str(request.get_finished_reason())

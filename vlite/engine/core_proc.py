@@ -1,0 +1,145 @@
+"""EngineCoreProc: the engine core's busy loop in its own process, talking over ZeroMQ.
+
+The API process does tokenization, detokenization and HTTP; this process only schedules and runs
+the model, so the two overlap. Loop: drain the input socket (block only while idle), step, send
+the step's outputs with fresh scheduler stats.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import traceback
+from typing import Any
+
+import zmq
+
+from vlite.engine.arg_utils import EngineArgs
+from vlite.engine.core import EngineCore
+from vlite.engine.core_messages import (EngineCoreOutputs, EngineCoreRequestType, EngineReady, UtilityCall,
+                                        decode_request, encode)
+from vlite.request import RequestStatus
+
+logger = logging.getLogger("vlite.engine_core")
+
+_IDLE_POLL_MS = 200
+
+
+class EngineCoreProc:
+    UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
+
+    def __init__(self, engine_args: EngineArgs, input_addr: str, output_addr: str) -> None:
+        self.ctx = zmq.Context()
+        self.output_socket = self.ctx.socket(zmq.PUSH)
+        self.output_socket.connect(output_addr)
+        try:
+            loaded = engine_args.create_engine_config()
+            self.engine_core = EngineCore(loaded)
+        except Exception as e:  # report load failures to the API process, then exit
+            self._send(EngineCoreOutputs(engine_error=f"engine failed to start: {e}"))
+            raise
+        self.input_socket = self.ctx.socket(zmq.PULL)
+        self.input_socket.connect(input_addr)
+        self.parent_pid = os.getppid()
+        self.running = True
+        self._send(EngineCoreOutputs(ready=EngineReady(
+            max_model_len=loaded.config.scheduler_config.max_model_len, vocab_size=loaded.arch.vocab_size,
+            kv_capacity_tokens=loaded.kv_capacity_tokens, num_kv_blocks=loaded.num_kv_blocks,
+            eos_token_ids=list(loaded.eos_token_ids), model_name=loaded.resolved.name, pid=os.getpid())))
+
+    def _send(self, msg: EngineCoreOutputs) -> None:
+        self.output_socket.send(encode(msg), copy=False)
+
+    def run_busy_loop(self) -> None:
+        core = self.engine_core
+        while self.running:
+            handled = self._process_input_queue(block=not core.has_unfinished_requests())
+            if not self.running:
+                break
+            if os.getppid() != self.parent_pid:
+                logger.warning("API process is gone; engine core exits")
+                break
+            if core.has_unfinished_requests():
+                self._step()
+            elif handled:
+                self._send(EngineCoreOutputs(stats=core.make_stats()))
+
+    def _step(self) -> None:
+        core = self.engine_core
+        try:
+            outputs = core.step()
+        except Exception as e:
+            # Fail what was in flight, keep serving: the next step starts from clean batch state.
+            logger.error("engine step failed: %s", traceback.format_exc())
+            ids = list(core.scheduler.requests)
+            core.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+            self._send(EngineCoreOutputs(stats=core.make_stats(),
+                                         failed_requests={i: f"engine step failed: {e}" for i in ids}))
+            return
+        self._send(EngineCoreOutputs(outputs=outputs, stats=core.make_stats()))
+
+    def _process_input_queue(self, block: bool) -> bool:
+        """Handle every queued input; wait for the first one only when `block` (idle)."""
+        handled = False
+        timeout = _IDLE_POLL_MS if block else 0
+        while self.input_socket.poll(timeout):
+            kind_frame, payload = self.input_socket.recv_multipart()
+            self._handle(EngineCoreRequestType(kind_frame), payload)
+            handled = True
+            timeout = 0
+            if not self.running:
+                break
+        return handled
+
+    def _handle(self, kind: EngineCoreRequestType, payload: bytes) -> None:
+        core = self.engine_core
+        if kind == EngineCoreRequestType.SHUTDOWN:
+            self.running = False
+            return
+        msg = decode_request(kind, payload)
+        if kind == EngineCoreRequestType.ADD:
+            try:
+                core.add_request(msg)
+            except Exception as e:  # e.g. a duplicate id: fail that request alone
+                self._send(EngineCoreOutputs(failed_requests={msg.request_id: str(e)}))
+        elif kind == EngineCoreRequestType.ABORT:
+            core.abort_requests(msg)
+        elif kind == EngineCoreRequestType.UTILITY:
+            self._send(EngineCoreOutputs(utility_call_id=msg.call_id, utility_result=self._utility(msg)))
+
+    def _utility(self, call: UtilityCall) -> Any:
+        core = self.engine_core
+        if call.method == "reset_prefix_cache":
+            return core.reset_prefix_cache()
+        if call.method == "get_stats":
+            from dataclasses import asdict
+
+            return asdict(core.make_stats())
+        if call.method == "ping":
+            return True
+        return None
+
+    def close(self) -> None:
+        for sock in (getattr(self, "input_socket", None), self.output_socket):
+            if sock is not None:
+                sock.close(linger=0)
+        self.ctx.term()
+
+
+def run_engine_core(engine_args: EngineArgs, input_addr: str, output_addr: str, log_level: int) -> None:
+    """Process entry point."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [engine core] %(message)s")
+    # The API process owns shutdown: ignore Ctrl-C aimed at the whole process group.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    proc = None
+    try:
+        proc = EngineCoreProc(engine_args, input_addr, output_addr)
+        proc.run_busy_loop()
+    except Exception:
+        logger.error("engine core died: %s", traceback.format_exc())
+        raise SystemExit(1)
+    finally:
+        if proc is not None:
+            proc.close()

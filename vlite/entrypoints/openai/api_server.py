@@ -1,0 +1,230 @@
+"""`vlite serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over AsyncLLM.
+
+The API process handles HTTP, tokenization and detokenization; the engine core runs in a child
+process. Routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /metrics,
+/tokenize, /detokenize.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from vlite.engine.arg_utils import EngineArgs
+from vlite.engine.async_llm import AsyncLLM
+from vlite.engine.core_client import EngineDeadError
+from vlite.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                               TokenizeRequest)
+from vlite.entrypoints.openai.serving import OpenAIError, OpenAIServing
+
+logger = logging.getLogger("vlite")
+
+# Routes that stay open when an API key is set: probes and the schema.
+_OPEN_PATHS = {"/health", "/metrics", "/version", "/ping", "/openapi.json", "/docs", "/docs/oauth2-redirect"}
+
+
+def _error(e: OpenAIError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+async def _listen_for_disconnect(request: Request) -> None:
+    """Returns when the client goes away (the body has been read, so the next message is the end)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Run a non-streaming handler, cancelling it (and so aborting its requests) if the client leaves."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_listen_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return Response(status_code=499)
+    finally:
+        watcher.cancel()
+
+
+def build_app(engine: AsyncLLM, served_model_names: list[str], api_key: Optional[str] = None,
+              max_request_body_bytes: int = 4 * 2**20,
+              stat_logger: Any = None, lifespan: Optional[Callable] = None) -> FastAPI:
+    from vlite import __version__
+
+    app = FastAPI(title="vlite", version=__version__, lifespan=lifespan)
+    serving = OpenAIServing(engine, served_model_names)
+    app.state.engine = engine
+    app.state.serving = serving
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        message = f"{param}: {first.get('msg', 'invalid value')}" if param else str(first.get("msg", "invalid body"))
+        return _error(OpenAIError(message, 400, param))
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return _error(exc)
+
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(request: Request, exc: EngineDeadError) -> JSONResponse:
+        return _error(OpenAIError(f"the engine is not available: {exc}", 503))
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next: Callable) -> Response:
+        path = request.url.path
+        if api_key and path not in _OPEN_PATHS:
+            header = request.headers.get("authorization", "")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+                return _error(OpenAIError("Unauthorized: a valid API key is required (Authorization: Bearer <key>)",
+                                          401))
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_request_body_bytes:
+            return _error(OpenAIError(f"request body is {length} bytes, more than the limit of "
+                                      f"{max_request_body_bytes} bytes", 413))
+        return await call_next(request)
+
+    def _require_engine() -> None:
+        if not engine.is_running:
+            raise OpenAIError(f"the engine is not available: {engine.errored or 'not running'}", 503)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if engine.is_running else 503)
+
+    @app.get("/ping")
+    async def ping() -> Response:
+        return await health()
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        body = generate_latest(stat_logger.registry) if stat_logger is not None else b""
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        created = int(time.time())
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "vlite", "root": engine.model_name,
+             "parent": None, "max_model_len": engine.max_model_len} for name in served_model_names]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        _require_engine()
+        result = await serving.create_completion(body)
+        if body.stream:
+            return StreamingResponse(result, media_type="text/event-stream")
+        return await _cancel_on_disconnect(request, _as_json(result))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        _require_engine()
+        result = await serving.create_chat_completion(body)
+        if body.stream:
+            return StreamingResponse(result, media_type="text/event-stream")
+        return await _cancel_on_disconnect(request, _as_json(result))
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        serving.check_model(body.model)
+        if body.messages is not None:
+            _, tokens = serving.render_chat(body)
+        elif body.prompt is not None:
+            tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        else:
+            raise OpenAIError("either prompt or messages is required", 400, "prompt")
+        return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        serving.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < engine.vocab_size]
+        if bad:
+            raise OpenAIError(f"tokens contains ids outside the vocabulary [0, {engine.vocab_size}): {bad[:5]}", 400,
+                              "tokens")
+        return {"prompt": engine.tokenizer.decode(body.tokens)}
+
+    return app
+
+
+async def _as_json(result: Any) -> Any:
+    return JSONResponse(await result) if asyncio.iscoroutine(result) else JSONResponse(result)
+
+
+def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name: Optional[list[str]],
+               api_key: Optional[str], uvicorn_log_level: str = "info",
+               max_request_body_bytes: int = 4 * 2**20) -> int:
+    import uvicorn
+
+    from vlite.metrics import PrometheusStatLogger
+
+    api_key = api_key or os.environ.get("VLITE_API_KEY") or None
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine = state.get("engine")
+        if engine is not None:
+            engine.shutdown()
+
+    async def main() -> None:
+        from vlite.model_loader import resolve_model
+
+        names = served_model_name or [engine_args.model or resolve_model(engine_args.model).name]
+        stat_logger = PrometheusStatLogger(names[0])
+        engine = await AsyncLLM.create(engine_args, stat_loggers=[stat_logger])
+        state["engine"] = engine
+        app = build_app(engine, names, api_key, max_request_body_bytes, stat_logger, lifespan)
+        config = uvicorn.Config(app, host=host, port=port, log_level=uvicorn_log_level,
+                                timeout_graceful_shutdown=5)
+        server = uvicorn.Server(config)
+
+        async def watchdog() -> None:
+            # The engine core died: every in-flight request has already failed; exit non-zero so a
+            # supervisor restarts the whole server (documented in docs/reliability.md).
+            while engine.is_running:
+                await asyncio.sleep(0.25)
+            logger.error("vlite: the engine core died (%s); shutting down", engine.errored)
+            await asyncio.sleep(0.5)
+            server.should_exit = True
+
+        watchdog_task = asyncio.create_task(watchdog())
+        logger.warning("vlite: serving %s at http://%s:%d (engine core pid %s); try:\n"
+                       "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' "
+                       "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",
+                       names[0], host, port, engine.engine_pid, host, port)
+        try:
+            await server.serve()
+        finally:
+            watchdog_task.cancel()
+            died = engine.errored is not None
+            engine.shutdown()
+        if died:
+            raise SystemExit(1)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,359 @@
+"""The /v1/completions and /v1/chat/completions handlers: requests in, OpenAI responses or SSE out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+from vlite.engine.async_llm import AsyncLLM
+from vlite.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from vlite.outputs import CompletionOutput, Logprob, RequestOutput
+
+
+class OpenAIError(Exception):
+    """An error with an HTTP status, rendered in OpenAI's error shape."""
+
+    TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "BadRequestError",
+             503: "ServiceUnavailableError", 500: "InternalServerError"}
+
+    def __init__(self, message: str, status: int = 400, param: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.param = message, status, param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "BadRequestError"),
+                          "param": self.param, "code": self.status}}
+
+
+def sse(data: Any) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+@dataclass
+class _Prepared:
+    """One prompt of a request, validated and tokenized."""
+
+    text: Optional[str]
+    token_ids: list[int]
+    request_id: str
+    engine_input: Any = None
+
+
+@dataclass
+class _ChoiceState:
+    completion_tokens: int = 0
+    text_offset: int = 0
+    finished: bool = False
+
+
+@dataclass
+class _Usage:
+    prompt_tokens: int = 0
+    choices: dict[int, _ChoiceState] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, int]:
+        completion = sum(c.completion_tokens for c in self.choices.values())
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLM, served_model_names: list[str]) -> None:
+        self.engine = engine
+        self.served_model_names = served_model_names
+        self.tokenizer = engine.tokenizer
+
+    # ---- shared -------------------------------------------------------------------------------
+
+    def check_model(self, model: Optional[str]) -> str:
+        if model is None or model in self.served_model_names:
+            return self.served_model_names[0]
+        raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
+
+    def _prepare(self, prompt_text: Optional[str], token_ids: list[int], request: Any, request_id: str,
+                 max_tokens: Optional[int], field_name: str) -> _Prepared:
+        if request.truncate_prompt_tokens is not None:
+            token_ids = token_ids[-request.truncate_prompt_tokens:]
+        max_len = self.engine.max_model_len
+        n_prompt = len(token_ids)
+        if n_prompt > max_len:
+            raise OpenAIError(f"This model's maximum context length is {max_len} tokens. However, your prompt has "
+                              f"{n_prompt} tokens. Please reduce the length of the prompt.", 400, field_name)
+        if max_tokens is None:
+            max_tokens = max(max_len - n_prompt, 1)
+        elif max_tokens < 1:
+            raise OpenAIError(f"max_tokens must be at least 1, got {max_tokens}", 400, "max_tokens")
+        elif max_tokens + n_prompt > max_len:
+            raise OpenAIError(f"This model's maximum context length is {max_len} tokens. However, you requested "
+                              f"{max_tokens + n_prompt} tokens ({n_prompt} in the {field_name}, {max_tokens} in the "
+                              f"completion). Please reduce the length of the {field_name} or completion.", 400,
+                              "max_tokens")
+        try:
+            params = request.to_sampling_params(max_tokens)
+            engine_input = self.engine.process_inputs(
+                request_id, {"prompt": prompt_text, "prompt_token_ids": token_ids}, params, request.priority)
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, _field_of(str(e))) from None
+        return _Prepared(prompt_text, token_ids, request_id, engine_input)
+
+    async def _generate_all(self, prepared: list[_Prepared]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Run every prompt's request concurrently; yield (prompt index, output) as they come."""
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def pump(i: int, p: _Prepared) -> None:
+            try:
+                async for out in self.engine.generate(p.engine_input):
+                    await queue.put((i, out))
+            except BaseException as e:  # forwarded to the consumer
+                await queue.put((i, e))
+            finally:
+                await queue.put((i, done))
+
+        tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prepared)]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                i, item = await queue.get()
+                if item is done:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- completions --------------------------------------------------------------------------
+
+    async def create_completion(self, request: CompletionRequest) -> Any:
+        model = self.check_model(request.model)
+        if request.suffix is not None:
+            raise OpenAIError("suffix is not supported", 400, "suffix")
+        if request.echo:
+            raise OpenAIError("echo is not supported", 400, "echo")
+        if request.best_of is not None and request.best_of != request.n:
+            raise OpenAIError("best_of is not supported (it must equal n)", 400, "best_of")
+        prompts = self._completion_prompts(request.prompt)
+        base_id = f"cmpl-{uuid.uuid4().hex}"
+        prepared = [self._prepare(text, ids, request, f"{base_id}-{i}", request.max_tokens, "prompt")
+                    for i, (text, ids) in enumerate(prompts)]
+        if request.stream:
+            return self._completion_stream(request, prepared, base_id, model)
+        return self._completion_full(request, prepared, base_id, model)  # awaited by the route
+
+    def _completion_prompts(self, prompt: Any) -> list[tuple[Optional[str], list[int]]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        elif prompt and all(isinstance(t, int) for t in prompt):
+            prompt = [prompt]
+        if not prompt:
+            raise OpenAIError("prompt must not be empty", 400, "prompt")
+        out = []
+        for p in prompt:
+            if isinstance(p, str):
+                if not p:
+                    raise OpenAIError("prompt must not be empty", 400, "prompt")
+                out.append((p, self.tokenizer.encode(p)))
+            else:
+                if not p:
+                    raise OpenAIError("prompt must not be empty", 400, "prompt")
+                out.append((None, list(p)))
+        return out
+
+    async def _completion_full(self, request: CompletionRequest, prepared: list[_Prepared], base_id: str,
+                               model: str) -> dict[str, Any]:
+        finals: dict[int, RequestOutput] = {}
+        async for i, out in self._generate_all(prepared):
+            if out.finished:
+                finals[i] = out
+        choices, usage = [], _Usage()
+        for i, p in enumerate(prepared):
+            out = finals[i]
+            usage.prompt_tokens += len(p.token_ids)
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                index = i * request.n + c.index
+                usage.choices[index] = _ChoiceState(completion_tokens=len(c.token_ids))
+                choices.append({"index": index, "text": c.text,
+                                "logprobs": self._completion_logprobs(c, 0) if request.logprobs is not None else None,
+                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        return {"id": base_id, "object": "text_completion", "created": int(time.time()), "model": model,
+                "choices": choices, "usage": usage.to_dict()}
+
+    async def _completion_stream(self, request: CompletionRequest, prepared: list[_Prepared], base_id: str,
+                                 model: str) -> AsyncIterator[str]:
+        created = int(time.time())
+        opts = request.stream_options
+        usage = _Usage(prompt_tokens=sum(len(p.token_ids) for p in prepared))
+        try:
+            async for i, out in self._generate_all(prepared):
+                for c in out.outputs:
+                    index = i * request.n + c.index
+                    state = usage.choices.setdefault(index, _ChoiceState())
+                    state.completion_tokens += len(c.token_ids)
+                    logprobs = None
+                    if request.logprobs is not None:
+                        logprobs = self._completion_logprobs(c, state.text_offset)
+                    state.text_offset += len(c.text)
+                    if not c.text and not c.token_ids and c.finish_reason is None:
+                        continue
+                    chunk = {"id": base_id, "object": "text_completion", "created": created, "model": model,
+                             "choices": [{"index": index, "text": c.text, "logprobs": logprobs,
+                                          "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
+                    if opts is not None and opts.include_usage:
+                        chunk["usage"] = usage.to_dict() if opts.continuous_usage_stats else None
+                    yield sse(chunk)
+            if opts is not None and opts.include_usage:
+                yield sse({"id": base_id, "object": "text_completion", "created": created, "model": model,
+                           "choices": [], "usage": usage.to_dict()})
+        except Exception as e:
+            yield sse(_stream_error(e))
+        yield "data: [DONE]\n\n"
+
+    def _completion_logprobs(self, c: CompletionOutput, text_offset: int) -> dict[str, Any]:
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        offset = text_offset
+        for token_id, position in zip(c.token_ids, c.logprobs or []):
+            chosen = position.get(token_id) or Logprob(float("-inf"))
+            text = chosen.decoded_token if chosen.decoded_token is not None else self.tokenizer.decode([token_id])
+            tokens.append(text)
+            token_logprobs.append(_finite(chosen.logprob))
+            top_logprobs.append({self._tok(t, lp): _finite(lp.logprob) for t, lp in position.items()})
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": offsets}
+
+    def _tok(self, token_id: int, lp: Logprob) -> str:
+        return lp.decoded_token if lp.decoded_token is not None else self.tokenizer.decode([token_id])
+
+    # ---- chat ---------------------------------------------------------------------------------
+
+    def render_chat(self, request: Any) -> tuple[str, list[int]]:
+        messages = []
+        for m in request.messages:
+            content = m.content
+            if isinstance(content, list):
+                parts = []
+                for part in content:
+                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise OpenAIError("only text content parts are supported", 400, "messages")
+                    parts.append(part["text"])
+                content = "".join(parts)
+            messages.append({"role": m.role, "content": content or ""})
+        if not messages:
+            raise OpenAIError("messages must not be empty", 400, "messages")
+        kwargs = dict(getattr(request, "chat_template_kwargs", None) or {})
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, chat_template=getattr(request, "chat_template", None), tokenize=False,
+                add_generation_prompt=request.add_generation_prompt and not getattr(
+                    request, "continue_final_message", False),
+                continue_final_message=getattr(request, "continue_final_message", False), **kwargs)
+        except Exception as e:  # a template that raises is the request's problem, not a server error
+            raise OpenAIError(f"chat template failed: {e}", 400, "messages") from None
+        return text, self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def create_chat_completion(self, request: ChatCompletionRequest) -> Any:
+        model = self.check_model(request.model)
+        if request.tools:
+            raise OpenAIError("tools are not supported", 400, "tools")
+        if request.response_format and request.response_format.get("type", "text") != "text":
+            raise OpenAIError("only response_format type 'text' is supported", 400, "response_format")
+        if request.top_logprobs is not None and not request.logprobs:
+            raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
+        text, ids = self.render_chat(request)
+        base_id = f"chatcmpl-{uuid.uuid4().hex}"
+        max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None \
+            else request.max_tokens
+        prepared = [self._prepare(text, ids, request, base_id, max_tokens, "messages")]
+        if request.stream:
+            return self._chat_stream(request, prepared, base_id, model)
+        return self._chat_full(request, prepared, base_id, model)  # awaited by the route
+
+    async def _chat_full(self, request: ChatCompletionRequest, prepared: list[_Prepared], base_id: str,
+                         model: str) -> dict[str, Any]:
+        final = None
+        async for _, out in self._generate_all(prepared):
+            if out.finished:
+                final = out
+        assert final is not None
+        usage = _Usage(prompt_tokens=len(prepared[0].token_ids))
+        choices = []
+        for c in sorted(final.outputs, key=lambda c: c.index):
+            usage.choices[c.index] = _ChoiceState(completion_tokens=len(c.token_ids))
+            choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
+                            "logprobs": self._chat_logprobs(c, request) if request.logprobs else None,
+                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        return {"id": base_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+                "choices": choices, "usage": usage.to_dict()}
+
+    async def _chat_stream(self, request: ChatCompletionRequest, prepared: list[_Prepared], base_id: str,
+                           model: str) -> AsyncIterator[str]:
+        created = int(time.time())
+        opts = request.stream_options
+        usage = _Usage(prompt_tokens=len(prepared[0].token_ids))
+
+        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+            body = {"id": base_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": choices}
+            if opts is not None and opts.include_usage:
+                body["usage"] = usage.to_dict() if opts.continuous_usage_stats else None
+            return body
+
+        try:
+            # The first chunk of each choice carries the role.
+            yield sse(chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for i in range(request.n)]))
+            async for _, out in self._generate_all(prepared):
+                for c in out.outputs:
+                    state = usage.choices.setdefault(c.index, _ChoiceState())
+                    state.completion_tokens += len(c.token_ids)
+                    if not c.text and c.finish_reason is None and not (request.logprobs and c.token_ids):
+                        continue
+                    yield sse(chunk([{"index": c.index, "delta": {"content": c.text} if c.text else {},
+                                      "logprobs": self._chat_logprobs(c, request) if request.logprobs else None,
+                                      "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]))
+            if opts is not None and opts.include_usage:
+                yield sse({"id": base_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [], "usage": usage.to_dict()})
+        except Exception as e:
+            yield sse(_stream_error(e))
+        yield "data: [DONE]\n\n"
+
+    def _chat_logprobs(self, c: CompletionOutput, request: ChatCompletionRequest) -> dict[str, Any]:
+        n_top = request.top_logprobs or 0
+        content = []
+        for token_id, position in zip(c.token_ids, c.logprobs or []):
+            chosen = position.get(token_id) or Logprob(float("-inf"))
+            text = self._tok(token_id, chosen)
+            top = sorted(((t, lp) for t, lp in position.items() if (lp.rank or 0) <= n_top),
+                         key=lambda kv: kv[1].rank or 0)[:n_top]
+            content.append({"token": text, "logprob": _finite(chosen.logprob), "bytes": list(text.encode()),
+                            "top_logprobs": [{"token": self._tok(t, lp), "logprob": _finite(lp.logprob),
+                                              "bytes": list(self._tok(t, lp).encode())} for t, lp in top]})
+        return {"content": content}
+
+
+def _finite(x: float) -> float:
+    """JSON has no -inf; OpenAI clients expect a number."""
+    return x if x > -9999.0 else -9999.0
+
+
+def _field_of(message: str) -> Optional[str]:
+    """Engine validation messages start with the field name."""
+    head = message.split(" ", 1)[0]
+    return head if head.isidentifier() else None
+
+
+def _stream_error(e: BaseException) -> dict[str, Any]:
+    if isinstance(e, OpenAIError):
+        return e.body()
+    status = 503 if type(e).__name__ == "EngineDeadError" else 500
+    return OpenAIError(str(e) or type(e).__name__, status).body()
