@@ -21,6 +21,7 @@ from vlite.attention.backends.torch_sdpa import build_metadata
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from vlite.model_loader import LlamaArchConfig
 from vlite.models.llama import LlamaForCausalLM
+from vlite.profiler import section
 from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.sampler import Sampler, gather_logprobs
 from vlite.sampling_params import SamplingParams
@@ -78,14 +79,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
-        self._update_states(scheduler_output)
-        self._step = None
-        if scheduler_output.total_num_scheduled_tokens == 0:
-            return
-        inputs = self._prepare_inputs(scheduler_output)
-        hidden = self.model(inputs["input_ids"], inputs["positions"], self.kv_caches, inputs["attn_metadata"])
-        logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
-        prompt_logprobs = self._compute_prompt_logprobs(so=scheduler_output, hidden=hidden, inputs=inputs)
+        with section("prepare_inputs"):
+            self._update_states(scheduler_output)
+            self._step = None
+            if scheduler_output.total_num_scheduled_tokens == 0:
+                return
+            inputs = self._prepare_inputs(scheduler_output)
+        with section("forward"):  # the paged_attention calls inside are timed as "attention"
+            hidden = self.model(inputs["input_ids"], inputs["positions"], self.kv_caches, inputs["attn_metadata"])
+            logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
+            prompt_logprobs = self._compute_prompt_logprobs(so=scheduler_output, hidden=hidden, inputs=inputs)
         self._step = _StepState(inputs["sample_req_ids"], inputs["sample_rows"], logits, prompt_logprobs)
 
     def _update_states(self, so: SchedulerOutput) -> None:

@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from vlite.profiler import section
+
 
 @dataclass
 class _Group:
@@ -106,12 +108,13 @@ def _attend(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Ten
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                     metadata: TorchSDPAMetadata, scale: float) -> torch.Tensor:
     """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D]."""
-    write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
-    num_kv_heads, head_dim = key.shape[1], key.shape[2]
-    key_cache = kv_cache[0].view(-1, num_kv_heads, head_dim)
-    value_cache = kv_cache[1].view(-1, num_kv_heads, head_dim)
-    out = torch.empty_like(query)
-    for group in (metadata.decode, metadata.prefill):
-        if group is not None:
-            _attend(query, key_cache, value_cache, group, scale, out)
-    return out
+    with section("attention"):
+        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        num_kv_heads, head_dim = key.shape[1], key.shape[2]
+        key_cache = kv_cache[0].view(-1, num_kv_heads, head_dim)
+        value_cache = kv_cache[1].view(-1, num_kv_heads, head_dim)
+        out = torch.empty_like(query)
+        for group in (metadata.decode, metadata.prefill):
+            if group is not None:
+                _attend(query, key_cache, value_cache, group, scale, out)
+        return out

@@ -8,12 +8,16 @@ process. Routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /ve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
+import signal
+import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -59,15 +63,40 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
         watcher.cancel()
 
 
-def build_app(engine: AsyncLLM, served_model_names: list[str], api_key: Optional[str] = None,
-              max_request_body_bytes: int = 4 * 2**20,
+class EngineHolder:
+    """The engine once it is ready: the server listens (and answers 503) while the model loads."""
+
+    def __init__(self, engine: Optional[AsyncLLM] = None, served_model_names: Optional[list[str]] = None) -> None:
+        self.engine: Optional[AsyncLLM] = None
+        self.serving: Optional[OpenAIServing] = None
+        self.served_model_names = served_model_names or []
+        self.load_error: Optional[str] = None
+        if engine is not None:
+            self.set(engine)
+
+    def set(self, engine: AsyncLLM) -> None:
+        self.engine = engine
+        self.serving = OpenAIServing(engine, self.served_model_names)
+
+    @property
+    def is_ready(self) -> bool:
+        return self.engine is not None and self.engine.is_running
+
+    def require(self) -> tuple[AsyncLLM, OpenAIServing]:
+        if self.engine is None or self.serving is None:
+            raise OpenAIError(f"the engine is not ready: {self.load_error or 'the model is still loading'}", 503)
+        if not self.engine.is_running:
+            raise OpenAIError(f"the engine is not available: {self.engine.errored or 'not running'}", 503)
+        return self.engine, self.serving
+
+
+def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_body_bytes: int = 4 * 2**20,
               stat_logger: Any = None, lifespan: Optional[Callable] = None) -> FastAPI:
     from vlite import __version__
 
     app = FastAPI(title="vlite", version=__version__, lifespan=lifespan)
-    serving = OpenAIServing(engine, served_model_names)
-    app.state.engine = engine
-    app.state.serving = serving
+    app.state.holder = holder
+    served_model_names = holder.served_model_names
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -101,13 +130,9 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_key: Optional
                                       f"{max_request_body_bytes} bytes", 413))
         return await call_next(request)
 
-    def _require_engine() -> None:
-        if not engine.is_running:
-            raise OpenAIError(f"the engine is not available: {engine.errored or 'not running'}", 503)
-
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if engine.is_running else 503)
+        return Response(status_code=200 if holder.is_ready else 503)
 
     @app.get("/ping")
     async def ping() -> Response:
@@ -126,6 +151,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_key: Optional
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
+        engine, _ = holder.require()
         created = int(time.time())
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "vlite", "root": engine.model_name,
@@ -133,7 +159,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_key: Optional
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        _require_engine()
+        _, serving = holder.require()
         result = await serving.create_completion(body)
         if body.stream:
             return StreamingResponse(result, media_type="text/event-stream")
@@ -141,7 +167,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_key: Optional
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        _require_engine()
+        _, serving = holder.require()
         result = await serving.create_chat_completion(body)
         if body.stream:
             return StreamingResponse(result, media_type="text/event-stream")
@@ -149,6 +175,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_key: Optional
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        engine, serving = holder.require()
         serving.check_model(body.model)
         if body.messages is not None:
             _, tokens = serving.render_chat(body)
@@ -160,6 +187,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_key: Optional
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        engine, serving = holder.require()
         serving.check_model(body.model)
         bad = [t for t in body.tokens if not 0 <= t < engine.vocab_size]
         if bad:
@@ -174,57 +202,90 @@ async def _as_json(result: Any) -> Any:
     return JSONResponse(await result) if asyncio.iscoroutine(result) else JSONResponse(result)
 
 
+def _make_server_class() -> type:
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        """SIGINT/SIGTERM: stop accepting, let in-flight requests finish (5 s), stop the engine, exit 0.
+
+        (uvicorn itself re-raises the signal after its graceful shutdown, which would make a clean
+        stop look like a crash to a supervisor.)
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
+
+    return _Server
+
+
 def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name: Optional[list[str]],
                api_key: Optional[str], uvicorn_log_level: str = "info",
                max_request_body_bytes: int = 4 * 2**20) -> int:
+    """Listen at once (answering 503 while the model loads); exit non-zero if the engine dies."""
     import uvicorn
 
     from vlite.metrics import PrometheusStatLogger
+    from vlite.model_loader import resolve_model
 
+    _Server = _make_server_class()
     api_key = api_key or os.environ.get("VLITE_API_KEY") or None
-    state: dict[str, Any] = {}
+    names = served_model_name or [engine_args.model or Path(resolve_model(None).name).stem]
+    stat_logger = PrometheusStatLogger(names[0])
+    holder = EngineHolder(served_model_names=names)
+    failed = False
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        engine = state.get("engine")
-        if engine is not None:
-            engine.shutdown()
+        if holder.engine is not None:
+            holder.engine.shutdown()
 
     async def main() -> None:
-        from vlite.model_loader import resolve_model
+        nonlocal failed
+        app = build_app(holder, api_key, max_request_body_bytes, stat_logger, lifespan)
+        server = _Server(uvicorn.Config(app, host=host, port=port, log_level=uvicorn_log_level,
+                                        timeout_graceful_shutdown=5))
 
-        names = served_model_name or [engine_args.model or resolve_model(engine_args.model).name]
-        stat_logger = PrometheusStatLogger(names[0])
-        engine = await AsyncLLM.create(engine_args, stat_loggers=[stat_logger])
-        state["engine"] = engine
-        app = build_app(engine, names, api_key, max_request_body_bytes, stat_logger, lifespan)
-        config = uvicorn.Config(app, host=host, port=port, log_level=uvicorn_log_level,
-                                timeout_graceful_shutdown=5)
-        server = uvicorn.Server(config)
-
-        async def watchdog() -> None:
-            # The engine core died: every in-flight request has already failed; exit non-zero so a
-            # supervisor restarts the whole server (documented in docs/reliability.md).
+        async def load_and_watch() -> None:
+            nonlocal failed
+            try:
+                engine = await AsyncLLM.create(engine_args, stat_loggers=[stat_logger])
+            except Exception as e:
+                holder.load_error = str(e)
+                logger.error("vlite: the engine failed to start: %s", e)
+                failed, server.should_exit = True, True
+                return
+            holder.set(engine)
+            logger.warning("vlite: serving %s at http://%s:%d (API pid %d, engine core pid %s); try:\n"
+                           "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' "
+                           "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",
+                           names[0], host, port, os.getpid(), engine.engine_pid, host, port)
+            # If the engine core dies, every in-flight request has already failed with an error; exit
+            # non-zero so a supervisor restarts the whole server (see docs/reliability.md).
             while engine.is_running:
                 await asyncio.sleep(0.25)
             logger.error("vlite: the engine core died (%s); shutting down", engine.errored)
+            failed = True
             await asyncio.sleep(0.5)
             server.should_exit = True
 
-        watchdog_task = asyncio.create_task(watchdog())
-        logger.warning("vlite: serving %s at http://%s:%d (engine core pid %s); try:\n"
-                       "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' "
-                       "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",
-                       names[0], host, port, engine.engine_pid, host, port)
+        task = asyncio.create_task(load_and_watch())
         try:
             await server.serve()
         finally:
-            watchdog_task.cancel()
-            died = engine.errored is not None
-            engine.shutdown()
-        if died:
-            raise SystemExit(1)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if holder.engine is not None:
+                holder.engine.shutdown()
 
     asyncio.run(main())
-    return 0
+    return 1 if failed else 0

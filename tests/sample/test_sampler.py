@@ -1,0 +1,758 @@
+"""Sampler tests on fixed logits, against small reference implementations written in plain Python.
+
+No model is loaded. Sampling distributions are checked with a chi-square test at a fixed seed
+(p-value from the regularised upper incomplete gamma function, so scipy is not needed); every
+deterministic stage (filters, penalties, logits processors, logprobs) is compared element-wise.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Optional
+
+import numpy as np
+import pytest
+import torch
+
+from vlite.sample import sampler as sampler_mod
+from vlite.sample.metadata import SamplingMetadata
+from vlite.sample.sampler import (Sampler, apply_logits_processors, apply_min_p, apply_penalties,
+                                  apply_top_k_top_p, gather_logprobs, random_sample)
+from vlite.sampling_params import SamplingParams
+from vlite.worker.input_batch import InputBatch
+from vlite.worker.model_runner import ModelRunner
+
+V = 20  # vocabulary of the distribution tests
+NUM_SAMPLES = 20_000  # draws per row
+ALPHA = 1e-4  # chi-square rejection level (the seed is fixed, so this only sets the margin)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small tensors: intra-op threads only add overhead (and contention on a shared machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---- reference implementations ------------------------------------------------------------------
+
+
+def softmax(xs: list[float]) -> list[float]:
+    finite = [x for x in xs if x != -math.inf]
+    m = max(finite)
+    es = [math.exp(x - m) if x != -math.inf else 0.0 for x in xs]
+    s = sum(es)
+    return [e / s for e in es]
+
+
+def reference_probs(logits: list[float], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                    min_p: float = 0.0) -> list[float]:
+    """The distribution a row must be sampled from: temperature, then min_p, top-k, top-p."""
+    n = len(logits)
+    if temperature == 0.0:
+        best = max(range(n), key=lambda i: (logits[i], -i))
+        return [1.0 if i == best else 0.0 for i in range(n)]
+    z = [x / temperature for x in logits]
+    p = softmax(z)
+    keep = [True] * n
+    if min_p > 0:
+        threshold = min_p * max(p)
+        for i in range(n):
+            # The test data must not sit on the boundary, where float32 rounding decides.
+            assert abs(p[i] - threshold) > 1e-6 * max(p), "min_p boundary case in test data"
+            keep[i] = p[i] >= threshold
+    by_value = sorted(range(n), key=lambda i: -z[i])
+    if top_k > 0:
+        kept = [i for i in by_value if keep[i]]
+        for i in kept[top_k:]:
+            keep[i] = False
+    p = [p[i] if keep[i] else 0.0 for i in range(n)]
+    total = sum(p)
+    p = [x / total for x in p]
+    if top_p < 1.0:
+        cum = 0.0
+        for i in by_value:
+            if cum >= top_p:
+                p[i] = 0.0
+            else:
+                cum += p[i]
+                assert abs(cum - top_p) > 1e-4, "top_p boundary case in test data"
+        total = sum(p)
+        p = [x / total for x in p]
+    return p
+
+
+def reference_penalties(logits: list[float], prompt: list[int], output: list[int], repetition: float,
+                        frequency: float, presence: float) -> list[float]:
+    out = list(logits)
+    seen = set(prompt) | set(output)
+    for t in seen:
+        out[t] = out[t] / repetition if out[t] > 0 else out[t] * repetition
+    for t in set(output):
+        count = output.count(t)
+        out[t] -= frequency * count
+        out[t] -= presence
+    return out
+
+
+def reference_processors(logits: list[float], output: list[int], allowed: Optional[list[int]] = None,
+                         bad_words: Optional[list[list[int]]] = None, suppress: Optional[list[int]] = None,
+                         bias: Optional[dict[int, float]] = None) -> list[float]:
+    """allowed_token_ids, bad_words, min_tokens suppression (ids given), logit_bias."""
+    out = list(logits)
+    if allowed is not None:
+        out = [x if i in allowed else -math.inf for i, x in enumerate(out)]
+    for word in bad_words or []:
+        *prefix, last = word
+        if len(output) >= len(prefix) and output[len(output) - len(prefix):] == prefix:
+            out[last] = -math.inf
+    for t in suppress or []:
+        out[t] = -math.inf
+    for t, b in (bias or {}).items():
+        out[t] += b
+    return out
+
+
+def padded(lists: list[list[int]], pad: int, min_len: int = 1) -> torch.Tensor:
+    """Right-pad with `pad` (= vocab size), as ModelRunner._padded_token_ids does."""
+    width = max(min_len, max(len(x) for x in lists))
+    return torch.tensor([x + [pad] * (width - len(x)) for x in lists], dtype=torch.int64)
+
+
+def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Goodness of fit of `counts` to `probs`; tokens outside the support must never occur.
+
+    Bins with an expected count under 5 are pooled (smallest first) so the chi-square
+    approximation holds.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    probs = np.asarray(probs, dtype=np.float64)
+    n = counts.sum()
+    support = probs > 0
+    assert counts[~support].sum() == 0, f"sampled outside the support: {np.nonzero(counts * ~support)[0]}"
+    obs, exp = list(counts[support]), list(probs[support] * n)
+    bins: list[tuple[float, float]] = []
+    pool_o = pool_e = 0.0
+    for o, e in sorted(zip(obs, exp), key=lambda t: t[1]):
+        if e < 5 or pool_e and pool_e < 5:
+            pool_o, pool_e = pool_o + o, pool_e + e
+            if pool_e >= 5:
+                bins.append((pool_o, pool_e))
+                pool_o = pool_e = 0.0
+        else:
+            bins.append((o, e))
+    if pool_e:
+        if bins:
+            o, e = bins.pop(0)
+            bins.append((o + pool_o, e + pool_e))
+        else:
+            bins.append((pool_o, pool_e))
+    if len(bins) < 2:
+        return 1.0
+    stat = sum((o - e) ** 2 / e for o, e in bins)
+    df = len(bins) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+# ---- metadata builder (the same conventions as ModelRunner._make_sampling_metadata) -------------
+
+
+def make_metadata(rows: list[dict], vocab_size: int, generators: Optional[dict[int, torch.Generator]] = None,
+                  max_num_logprobs: Optional[int] = None) -> SamplingMetadata:
+    temperature = torch.tensor([r.get("temperature", 1.0) for r in rows], dtype=torch.float32)
+    greedy = temperature < 1e-5
+    top_k = torch.tensor([r.get("top_k", 0) for r in rows], dtype=torch.int64)
+    top_p = torch.tensor([r.get("top_p", 1.0) for r in rows], dtype=torch.float32)
+    min_p = torch.tensor([r.get("min_p", 0.0) for r in rows], dtype=torch.float32)
+    return SamplingMetadata(
+        temperature=None if bool(greedy.all()) else temperature,
+        all_greedy=bool(greedy.all()),
+        all_random=bool((~greedy).all()),
+        top_p=top_p if bool((top_p != 1.0).any()) else None,
+        top_k=torch.where(top_k > 0, top_k, vocab_size) if bool((top_k > 0).any()) else None,
+        min_p=min_p if bool((min_p != 0.0).any()) else None,
+        generators=dict(generators or {}),
+        max_num_logprobs=max_num_logprobs,
+    )
+
+
+def fixed_logits(num_rows: int, vocab_size: int = V, seed: int = 0, scale: float = 2.0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy((rng.standard_normal((num_rows, vocab_size)) * scale).astype(np.float32))
+
+
+def sample_many(logits: torch.Tensor, rows: list[dict], n: int = NUM_SAMPLES) -> np.ndarray:
+    """Draw n samples per row in one batched Sampler call; returns [rows, V] counts."""
+    b, v = logits.shape
+    big = logits.repeat_interleave(n, dim=0)
+    md = make_metadata([r for r in rows for _ in range(n)], v)
+    out = Sampler()(big, md)
+    assert out.logprobs_tensors is None
+    ids = out.sampled_token_ids.view(b, n).numpy()
+    return np.stack([np.bincount(ids[i], minlength=v) for i in range(b)])
+
+
+def row_logits(logits: torch.Tensor, i: int) -> list[float]:
+    return [float(x) for x in logits[i].double()]
+
+
+# ---- 1. distributions ---------------------------------------------------------------------------
+
+DIST_ROWS = [
+    {"temperature": 1.0},  # plain softmax
+    {"temperature": 0.6},  # temperature alone, sharper
+    {"temperature": 1.7},  # temperature alone, flatter
+    {"top_k": 5},
+    {"top_p": 0.8},
+    {"min_p": 0.08},
+    {"temperature": 2.5, "min_p": 0.15},  # min_p sees the tempered distribution
+    {"temperature": 1.5, "top_k": 8, "top_p": 0.85},
+    {"temperature": 0.8, "min_p": 0.03, "top_p": 0.7},
+]
+
+
+def test_filters_equal_reference_distribution():
+    """temperature -> apply_min_p -> apply_top_k_top_p gives exactly the reference distribution."""
+    logits = fixed_logits(len(DIST_ROWS), seed=1)
+    md = make_metadata(DIST_ROWS, V)
+    x = logits / md.temperature[:, None]
+    x = apply_min_p(x, md.min_p)
+    x = apply_top_k_top_p(x, md.top_k, md.top_p)
+    probs = torch.softmax(x, dim=-1).double()
+    for i, r in enumerate(DIST_ROWS):
+        ref = torch.tensor(reference_probs(row_logits(logits, i), **r), dtype=torch.float64)
+        assert torch.equal(probs[i] > 0, ref > 0), (r, probs[i], ref)
+        torch.testing.assert_close(probs[i], ref, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 2, 19, 20, 50])
+def test_top_k_edges(k):
+    logits = fixed_logits(3, seed=2)
+    rows = [{"top_k": k}, {}, {"top_k": 3}]
+    md = make_metadata(rows, V)
+    x = apply_top_k_top_p(logits.clone(), md.top_k, None)
+    for i, r in enumerate(rows):
+        ref = reference_probs(row_logits(logits, i), **r)
+        assert [v > -math.inf for v in x[i].tolist()] == [p > 0 for p in ref]
+        kept = x[i] > -math.inf
+        assert torch.equal(x[i][kept], logits[i][kept])  # kept logits untouched
+
+
+@pytest.mark.parametrize("p", [1e-6, 0.3, 0.5, 0.95, 0.997])
+def test_top_p_edges(p):
+    """The most likely token always survives; p = 1 rows next to top-p rows are untouched."""
+    logits = fixed_logits(3, seed=3)
+    rows = [{"top_p": p}, {}, {"top_p": 0.6}]
+    md = make_metadata(rows, V)
+    x = apply_top_k_top_p(logits.clone(), None, md.top_p)
+    assert bool((x[1] == logits[1]).all())
+    for i, r in enumerate(rows):
+        ref = reference_probs(row_logits(logits, i), **r)
+        assert [v > -math.inf for v in x[i].tolist()] == [q > 0 for q in ref], (r, x[i], ref)
+    assert int((x[0] > -math.inf).sum()) >= 1
+    assert x[0].argmax() == logits[0].argmax()
+
+
+def test_top_p_tiny_keeps_exactly_the_top_token():
+    """float32 cumulative sums can end below 1 - p: the most likely token must still survive."""
+    logits = fixed_logits(64, 1000, seed=9)
+    md = make_metadata([{"top_p": 1e-7}] * 64, 1000)
+    x = apply_top_k_top_p(logits.clone(), None, md.top_p)
+    assert torch.equal((x > -math.inf).sum(dim=-1), torch.ones(64, dtype=torch.int64))
+    assert torch.equal(x.argmax(dim=-1), logits.argmax(dim=-1))
+    torch.manual_seed(0)
+    assert torch.equal(Sampler()(logits, md).sampled_token_ids, logits.argmax(dim=-1))
+
+
+def test_sampled_frequencies_match_reference():
+    logits = fixed_logits(len(DIST_ROWS), seed=1)
+    torch.manual_seed(1234)
+    counts = sample_many(logits, DIST_ROWS)
+    for i, r in enumerate(DIST_ROWS):
+        ref = np.array(reference_probs(row_logits(logits, i), **r))
+        p = chi_square_pvalue(counts[i], ref)
+        assert p > ALPHA, (r, p, counts[i], np.round(ref * NUM_SAMPLES))
+
+
+def test_chi_square_detects_wrong_distribution():
+    """The statistic has power: samples of one row do not fit a neighbouring row's distribution."""
+    logits = fixed_logits(1, seed=1)
+    torch.manual_seed(99)
+    counts = sample_many(logits, [{"temperature": 1.0}])[0]
+    wrong = np.array(reference_probs(row_logits(logits, 0), temperature=1.1))
+    assert chi_square_pvalue(counts, wrong) < ALPHA
+
+
+def test_mixed_greedy_and_random_rows():
+    rows = [{"temperature": 0.0}, {"temperature": 1.0, "top_k": 6}, {"temperature": 0.0},
+            {"temperature": 0.9, "top_p": 0.75}, {"temperature": 0.0}]
+    logits = fixed_logits(len(rows), seed=4)
+    logits[4, 7] = logits[4].max() + 1e-3  # a near-tie the argmax must still resolve exactly
+    torch.manual_seed(7)
+    n = 8000
+    counts = sample_many(logits, rows, n=n)
+    for i, r in enumerate(rows):
+        if r["temperature"] == 0.0:
+            assert counts[i, int(logits[i].argmax())] == n
+        else:
+            ref = np.array(reference_probs(row_logits(logits, i), **r))
+            assert chi_square_pvalue(counts[i], ref) > ALPHA
+
+
+def test_greedy_rows_ignore_filters_and_take_processed_argmax():
+    """A greedy row next to filtered random rows: argmax of the processed logits, never NaN."""
+    logits = fixed_logits(2, seed=5)
+    md = make_metadata([{"temperature": 0.0}, {"temperature": 0.5, "top_k": 2, "min_p": 0.2}], V)
+    target = int(logits[0].argmin())
+    md.logit_bias = (torch.tensor([0]), torch.tensor([target]), torch.tensor([100.0]))
+    for _ in range(20):
+        out = Sampler()(logits, md).sampled_token_ids
+        assert int(out[0]) == target
+        assert int(out[1]) in logits[1].topk(2).indices.tolist()
+
+
+def seeded_draws(logits_row: torch.Tensor, position: int, batch: int, seed: int, steps: int,
+                 other_seed: int, extra_rows: list[dict]) -> list[int]:
+    """Sample a seeded row at `position` of a batch of `batch` rows for `steps` steps."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(other_seed)
+    draws = []
+    for _ in range(steps):
+        logits = torch.from_numpy(rng.standard_normal((batch, V)).astype(np.float32))
+        logits[position] = logits_row
+        rows = [extra_rows[j % len(extra_rows)] for j in range(batch)]
+        rows[position] = {"temperature": 0.9, "top_p": 0.9}
+        gens = {position: gen}
+        if batch > 2:  # another seeded row in the batch, with its own generator
+            other = (position + 1) % batch
+            gens[other] = torch.Generator().manual_seed(other_seed)
+        md = make_metadata(rows, V, generators=gens)
+        draws.append(int(Sampler()(logits, md).sampled_token_ids[position]))
+    return draws
+
+
+def test_seeded_rows_independent_of_batch_and_reproducible():
+    row = fixed_logits(1, seed=6)[0]
+    steps = 60
+    torch.manual_seed(0)
+    base = seeded_draws(row, 0, 1, seed=42, steps=steps, other_seed=0, extra_rows=[{}])
+    mixes = [
+        (3, 5, 1, [{"temperature": 0.0}]),  # greedy companions
+        (1, 4, 2, [{"top_k": 3}, {"temperature": 1.3}]),
+        (6, 7, 3, [{"min_p": 0.1}, {"temperature": 0.0}, {}]),
+    ]
+    for position, batch, other_seed, extra in mixes:
+        torch.manual_seed(other_seed + 100)  # the global generator differs too
+        draws = seeded_draws(row, position, batch, seed=42, steps=steps, other_seed=other_seed, extra_rows=extra)
+        assert draws == base, (position, batch)
+    other = seeded_draws(row, 0, 1, seed=43, steps=steps, other_seed=0, extra_rows=[{}])
+    assert other != base
+
+
+def test_seeded_rows_do_not_touch_global_generator_and_follow_distribution():
+    """With every row seeded, each row draws only from its own generator; the draws fit the reference."""
+    rows = [{"temperature": 0.9, "top_p": 0.9}, {"top_k": 4}]
+    logits = fixed_logits(len(rows), seed=6)
+    n = 4000
+    big = logits.repeat_interleave(n, dim=0)
+    gens = {i: torch.Generator().manual_seed(1000 + i) for i in range(len(rows) * n)}
+    md = make_metadata([r for r in rows for _ in range(n)], V, generators=gens)
+    state = torch.get_rng_state()
+    ids = Sampler.sample(big, md).view(len(rows), n).numpy()
+    assert torch.equal(torch.get_rng_state(), state)
+    for i, r in enumerate(rows):
+        ref = np.array(reference_probs(row_logits(logits, i), **r))
+        counts = np.bincount(ids[i], minlength=V)
+        assert chi_square_pvalue(counts, ref) > ALPHA, (r, counts)
+    # Same seeds, same draws; each generator advanced by exactly one row of draws.
+    again = {i: torch.Generator().manual_seed(1000 + i) for i in range(len(rows) * n)}
+    md2 = make_metadata([r for r in rows for _ in range(n)], V, generators=again)
+    assert np.array_equal(Sampler.sample(big, md2).view(len(rows), n).numpy(), ids)
+    probe = torch.Generator().manual_seed(1000)
+    torch.empty(V).exponential_(generator=probe)
+    assert torch.equal(gens[0].get_state(), probe.get_state())
+
+
+def test_random_sample_never_picks_zero_probability():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.25, 0.0]]).repeat(20_000, 1)
+    torch.manual_seed(11)
+    ids = random_sample(probs.clone(), {})
+    counts = np.bincount(ids.numpy(), minlength=6)
+    assert chi_square_pvalue(counts, probs[0].double().numpy()) > ALPHA
+
+
+# ---- 2. penalties and logits processors ---------------------------------------------------------
+
+PV = 50  # vocabulary of the penalty tests
+
+
+def random_token_lists(rng: random.Random, num_rows: int, vocab: int) -> tuple[list, list]:
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, 12))] for _ in range(num_rows)]
+    outputs = [[rng.randrange(vocab // 2) for _ in range(rng.randint(0, 15))] for _ in range(num_rows)]
+    outputs[0] = []  # a row with no output yet
+    return prompts, outputs
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_penalties_match_reference(seed):
+    rng = random.Random(seed)
+    b = 6
+    logits = fixed_logits(b, PV, seed=seed + 10, scale=3.0)
+    prompts, outputs = random_token_lists(rng, b, PV)
+    rep = [1.0, 1.3, 0.7, 1.0, 2.0, 1.1]
+    freq = [0.0, 0.5, -0.4, 1.5, 0.0, 0.2]
+    pres = [0.0, 0.3, 0.0, -1.0, 1.2, 0.7]
+    md = make_metadata([{}] * b, PV)
+    md.repetition_penalties = torch.tensor(rep)
+    md.frequency_penalties = torch.tensor(freq)
+    md.presence_penalties = torch.tensor(pres)
+    md.prompt_token_ids = padded(prompts, PV)
+    md.output_token_ids = padded(outputs, PV)
+    got = apply_penalties(logits.clone(), md)
+    for i in range(b):
+        ref = reference_penalties(row_logits(logits, i), prompts[i], outputs[i], rep[i], freq[i], pres[i])
+        torch.testing.assert_close(got[i].double(), torch.tensor(ref, dtype=torch.float64), atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("which", ["repetition", "frequency", "presence"])
+def test_each_penalty_alone(which):
+    rng = random.Random(5)
+    b = 4
+    logits = fixed_logits(b, PV, seed=20, scale=3.0)
+    prompts, outputs = random_token_lists(rng, b, PV)
+    values = [1.0, 1.5, 0.5, 1.8] if which == "repetition" else [0.0, 1.5, -0.5, 1.8]
+    md = make_metadata([{}] * b, PV)
+    setattr(md, f"{which}_penalties", torch.tensor(values))
+    md.prompt_token_ids = padded(prompts, PV)
+    md.output_token_ids = padded(outputs, PV)
+    got = apply_penalties(logits.clone(), md)
+    for i in range(b):
+        kw = {"repetition": 1.0, "frequency": 0.0, "presence": 0.0, which: values[i]}
+        ref = reference_penalties(row_logits(logits, i), prompts[i], outputs[i], **kw)
+        torch.testing.assert_close(got[i].double(), torch.tensor(ref, dtype=torch.float64), atol=1e-5, rtol=1e-6)
+
+
+def test_no_penalties_is_identity():
+    logits = fixed_logits(3, PV, seed=21)
+    md = make_metadata([{}] * 3, PV)
+    assert md.no_penalties
+    assert torch.equal(apply_penalties(logits.clone(), md), logits)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_logits_processors_match_reference(seed):
+    rng = random.Random(seed)
+    b = 6
+    logits = fixed_logits(b, PV, seed=seed + 30)
+    _, outputs = random_token_lists(rng, b, PV)
+    allowed = {1: rng.sample(range(PV), 7), 4: rng.sample(range(PV), 1)}
+    bias = {0: {3: 5.0, 7: -2.5}, 2: {rng.randrange(PV): 10.0}, 4: {allowed[4][0]: -3.0, 9: 4.0}}
+    suppress = {2: [0, 1], 5: [rng.randrange(PV)]}
+    bad_words: dict[int, list[list[int]]] = {}
+    for i in (0, 3, 5):
+        words = [[rng.randrange(PV)]]  # a single-token word: always banned
+        out = outputs[i]
+        if len(out) >= 2:
+            words.append(out[-2:] + [rng.randrange(PV)])  # prefix matches the output's tail
+            words.append([out[-1], (out[-2] + 1) % PV, rng.randrange(PV)])  # prefix does not match
+        words.append([rng.randrange(PV) for _ in range(len(out) + 2)])  # longer than the output
+        bad_words[i] = words
+    md = make_metadata([{}] * b, PV)
+    mask = torch.zeros(b, PV, dtype=torch.bool)
+    for r, ids in allowed.items():
+        mask[r] = True
+        mask[r, ids] = False
+    md.disallowed_mask = mask
+    md.logit_bias = (torch.tensor([r for r, d in bias.items() for _ in d]),
+                     torch.tensor([t for d in bias.values() for t in d]),
+                     torch.tensor([v for d in bias.values() for v in d.values()]))
+    md.min_tokens = (torch.tensor([r for r, ids in suppress.items() for _ in ids]),
+                     torch.tensor([t for ids in suppress.values() for t in ids]))
+    md.bad_words_token_ids = bad_words
+    md.output_token_lists = {i: outputs[i] for i in bad_words}
+    got = apply_logits_processors(logits.clone(), md)
+    for i in range(b):
+        ref = reference_processors(row_logits(logits, i), outputs[i], allowed.get(i), bad_words.get(i),
+                                   suppress.get(i), bias.get(i))
+        torch.testing.assert_close(got[i].double(), torch.tensor(ref, dtype=torch.float64), atol=1e-5, rtol=1e-6)
+
+
+def test_bad_words_cases():
+    logits = torch.zeros(1, 10)
+    cases = [
+        ([], [[4]], {4}),  # single token, no output yet
+        ([1, 2], [[5]], {5}),
+        ([1, 2], [[2, 6]], {6}),  # prefix [2] ends the output
+        ([1, 2], [[1, 6]], set()),  # [1] is not the tail
+        ([1, 2], [[1, 2, 7]], {7}),
+        ([2], [[1, 2, 7]], set()),  # output shorter than the prefix
+        ([], [[1, 7]], set()),
+        ([3, 3, 3], [[3, 3, 8], [3, 9], [2, 3, 1]], {8, 9}),
+    ]
+    for output, words, banned in cases:
+        md = make_metadata([{}], 10)
+        md.bad_words_token_ids = {0: words}
+        md.output_token_lists = {0: output}
+        got = apply_logits_processors(logits.clone(), md)[0]
+        assert {i for i in range(10) if got[i] == -math.inf} == banned, (output, words)
+
+
+def test_sampler_does_not_modify_input_logits():
+    logits = fixed_logits(2, PV, seed=40)
+    before = logits.clone()
+    md = make_metadata([{"temperature": 0.7, "top_k": 5}, {"temperature": 0.0}], PV, max_num_logprobs=3)
+    md.logit_bias = (torch.tensor([0, 1]), torch.tensor([1, 2]), torch.tensor([1.0, -1.0]))
+    md.disallowed_mask = torch.zeros(2, PV, dtype=torch.bool)
+    md.disallowed_mask[1, :10] = True
+    Sampler()(logits, md)
+    assert torch.equal(logits, before)
+
+
+# ---- 2b. through ModelRunner._make_sampling_metadata with a real InputBatch -------------------------
+
+RV = 40  # vocabulary of the runner tests
+EOS = 2
+
+
+def make_runner(max_num_reqs: int = 8) -> ModelRunner:
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.vocab_size = RV
+    runner.eos_token_ids = [EOS]
+    runner.input_batch = InputBatch(max_num_reqs, max_model_len=64, max_blocks_per_req=4, vocab_size=RV)
+    return runner
+
+
+def add(runner: ModelRunner, req_id: str, prompt: list[int], output: list[int], params: SamplingParams,
+        generator: Optional[torch.Generator] = None) -> int:
+    return runner.input_batch.add_request(req_id, prompt + output, len(prompt), len(prompt) + len(output) - 1,
+                                          [0], params, generator)
+
+
+def runner_reference(logits_row: list[float], prompt: list[int], output: list[int],
+                     p: SamplingParams) -> list[float]:
+    suppress = []
+    if len(output) < p.min_tokens:
+        suppress = list(p.stop_token_ids) + ([] if p.ignore_eos else [EOS])
+    x = reference_processors(logits_row, output, p.allowed_token_ids, p._bad_words_token_ids, suppress,
+                             p.logit_bias)
+    return reference_penalties(x, prompt, output, p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
+
+
+def test_runner_metadata_matches_reference():
+    rng = random.Random(3)
+    runner = make_runner()
+
+    def params(**kw) -> SamplingParams:
+        bad = kw.pop("bad", None)
+        p = SamplingParams(max_tokens=32, **kw)
+        if bad:
+            p.bad_words = ["x"] * len(bad)
+            p._bad_words_token_ids = bad
+        return p
+
+    reqs = {
+        "a": ([5, 6, 7, 8], [9, 10, 9], params(temperature=0.0, repetition_penalty=1.3, logprobs=2)),
+        "gone": ([1], [], params()),
+        "b": ([11] * 9, [], params(temperature=0.8, top_k=5, frequency_penalty=0.5, min_tokens=2,
+                                   stop_token_ids=[3, 4], logit_bias={12: 3.0, 13: -1.0})),
+        "c": ([1, 2, 3], [20, 21, 22, 20, 21], params(top_p=0.9, presence_penalty=-0.7, seed=7,
+                                                       bad=[[21, 22], [20, 21, 23], [24], [22, 25]])),
+        "d": ([30, 31], [32], params(min_p=0.1, allowed_token_ids=[1, 2, 3, 32, 33], min_tokens=3,
+                                     ignore_eos=True, stop_token_ids=[3], logprobs=-1)),
+        "e": ([4, 4, 5], [EOS, 6], params(temperature=1.2, top_k=-1, min_tokens=2, stop_token_ids=[7])),
+    }
+    gens = {}
+    for req_id, (prompt, output, p) in reqs.items():
+        gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
+        row = add(runner, req_id, prompt, output, p, gen)
+        if gen is not None:
+            gens[row] = gen
+    runner.input_batch.remove_request("gone")  # leaves a hole at row 1
+    batch = runner.input_batch
+    order = ["e", "a", "c", "d", "b"]  # an arbitrary order of rows
+    rows = np.array([batch.req_id_to_index[r] for r in order], dtype=np.int64)
+    md = runner._make_sampling_metadata(rows)
+
+    ps = [reqs[r][2] for r in order]
+    assert md.all_greedy is False and md.all_random is False
+    assert md.temperature.tolist() == pytest.approx([p.temperature for p in ps])
+    assert md.top_k.tolist() == [p.top_k if p.top_k > 0 else RV for p in ps]
+    assert md.top_p.tolist() == pytest.approx([p.top_p for p in ps])
+    assert md.min_p.tolist() == pytest.approx([p.min_p for p in ps])
+    assert md.max_num_logprobs == RV
+    assert set(md.generators) == {order.index("c")}
+    assert md.generators[order.index("c")] is gens[batch.req_id_to_index["c"]]
+
+    # Padded prompt/output ids, as the penalty kernels expect them.
+    prompts = [reqs[r][0] for r in order]
+    outputs = [reqs[r][1] for r in order]
+    assert torch.equal(md.prompt_token_ids, padded(prompts, RV))
+    assert torch.equal(md.output_token_ids, padded(outputs, RV))
+
+    logits = fixed_logits(len(order), RV, seed=50, scale=3.0)
+    got = apply_penalties(apply_logits_processors(logits.clone(), md), md)
+    for i, r in enumerate(order):
+        prompt, output, p = reqs[r]
+        ref = runner_reference(row_logits(logits, i), prompt, output, p)
+        torch.testing.assert_close(got[i].double(), torch.tensor(ref, dtype=torch.float64), atol=1e-5, rtol=1e-6,
+                                   msg=lambda m: f"request {r}: {m}")
+
+    # The whole sampler on this metadata: the greedy row takes the processed argmax, no row
+    # samples a token its processors forbid, logprobs come from the raw logits.
+    out = Sampler()(logits, md)
+    ids = out.sampled_token_ids.tolist()
+    assert ids[order.index("a")] == int(torch.tensor(runner_reference(row_logits(logits, 1), *reqs["a"])).argmax())
+    for i, r in enumerate(order):
+        assert got[i, ids[i]] > -math.inf
+    assert ids[order.index("d")] in [1, 2, 32, 33]
+    lt = out.logprobs_tensors
+    assert lt.token_ids.shape == (len(order), RV + 1)
+    raw = torch.log_softmax(logits, dim=-1)
+    torch.testing.assert_close(lt.logprobs[:, 0], raw.gather(1, out.sampled_token_ids[:, None])[:, 0])
+
+
+def test_runner_metadata_fast_paths_and_padding():
+    runner = make_runner()
+    add(runner, "g1", [1, 2, 3], [4], SamplingParams(temperature=0.0, top_k=5, top_p=0.5, seed=3),
+        torch.Generator().manual_seed(3))
+    add(runner, "g2", [5], [], SamplingParams(temperature=0.0))
+    rows = np.array([0, 1])
+    md = runner._make_sampling_metadata(rows)
+    assert md.all_greedy and not md.all_random and md.temperature is None
+    # Greedy params are normalised, so no filter stage is built.
+    assert md.top_k is None and md.top_p is None and md.min_p is None
+    assert md.no_penalties and md.prompt_token_ids is None and md.output_token_ids is None
+    assert md.disallowed_mask is None and md.logit_bias is None and md.min_tokens is None
+    assert md.max_num_logprobs is None and not md.bad_words_token_ids
+
+    add(runner, "r", [7, 8, 9, 10], [], SamplingParams(temperature=1.0, presence_penalty=0.1))
+    md = runner._make_sampling_metadata(np.array([0, 1, 2]))
+    assert md.all_random is False and md.all_greedy is False
+    assert torch.equal(md.prompt_token_ids, padded([[1, 2, 3], [5], [7, 8, 9, 10]], RV))
+    assert torch.equal(md.output_token_ids, padded([[4], [], []], RV))
+    md = runner._make_sampling_metadata(np.array([2]))
+    assert md.all_random
+    assert md.output_token_ids.shape == (1, 1) and int(md.output_token_ids[0, 0]) == RV
+
+
+def test_runner_min_tokens_threshold_and_bad_words_use_outputs_only():
+    runner = make_runner()
+    p = SamplingParams(min_tokens=2, stop_token_ids=[5], max_tokens=10)
+    p_bad = SamplingParams(max_tokens=10)
+    p_bad.bad_words = ["w"]
+    p_bad._bad_words_token_ids = [[8, 9]]
+    add(runner, "m", [1, 1], [], p)
+    add(runner, "w", [3, 8], [], p_bad)  # the prompt ends with 8, but only outputs count
+    b = runner.input_batch
+    rows = np.array([0, 1])
+
+    def banned(md, i):
+        x = apply_logits_processors(torch.zeros(2, RV), md)[i]
+        return {t for t in range(RV) if x[t] == -math.inf}
+
+    md = runner._make_sampling_metadata(rows)
+    assert banned(md, 0) == {5, EOS} and banned(md, 1) == set()
+    for token, expect_m, expect_w in [(8, {5, EOS}, {9}), (4, set(), set())]:
+        # Simulate sample_tokens appending one token to each row.
+        b.token_ids[rows, b.num_tokens[rows]] = token
+        b.num_tokens[rows] += 1
+        md = runner._make_sampling_metadata(rows)
+        assert banned(md, 0) == expect_m, token
+        assert banned(md, 1) == expect_w, token
+
+
+# ---- 3. logprobs --------------------------------------------------------------------------------
+
+
+def reference_rank(row: list[float], token: int) -> int:
+    return 1 + sum(1 for x in row if x > row[token])
+
+
+@pytest.mark.parametrize("num_logprobs", [0, 1, 5, 32])
+def test_gather_logprobs_topk_and_ranks_with_ties(num_logprobs):
+    g = torch.Generator().manual_seed(8)
+    b, v = 16, 32
+    logits = torch.randint(-3, 3, (b, v), generator=g).float()  # many exact ties
+    logprobs = torch.log_softmax(logits, dim=-1)
+    token_ids = torch.randint(0, v, (b,), generator=g)
+    token_ids[0] = int(logprobs[0].argmax())  # rank 1
+    token_ids[1] = int(logprobs[1].argmin())
+    lt = gather_logprobs(logprobs, num_logprobs, token_ids)
+    assert lt.token_ids.shape == lt.logprobs.shape == (b, num_logprobs + 1)
+    assert torch.equal(lt.token_ids[:, 0], token_ids)
+    assert torch.equal(lt.logprobs[:, 0], logprobs[torch.arange(b), token_ids])
+    if num_logprobs:
+        top_lp, top_ids = torch.topk(logprobs, num_logprobs, dim=-1)
+        assert torch.equal(lt.logprobs[:, 1:], top_lp)
+        assert torch.equal(lt.token_ids[:, 1:], top_ids)
+        assert torch.equal(logprobs.gather(1, lt.token_ids[:, 1:]), lt.logprobs[:, 1:])
+        assert bool((lt.logprobs[:, 1:].diff(dim=-1) <= 0).all())
+    for i in range(b):
+        assert int(lt.ranks[i]) == reference_rank(logprobs[i].tolist(), int(token_ids[i]))
+    assert int(lt.ranks[0]) == 1
+    # Every token tied with the top one has rank 1.
+    tied = (logprobs[2] == logprobs[2].max()).nonzero()[:, 0]
+    ranks = gather_logprobs(logprobs[2:3].expand(len(tied), v), 0, tied).ranks
+    assert ranks.tolist() == [1] * len(tied)
+
+
+def test_sampler_logprobs_come_from_raw_logits():
+    b, v = 4, 24
+    logits = fixed_logits(b, v, seed=60).to(torch.bfloat16)
+    md = make_metadata([{"temperature": 0.3, "top_k": 3}, {"temperature": 0.0}, {"min_p": 0.2},
+                        {"temperature": 2.0, "top_p": 0.5}], v, max_num_logprobs=4)
+    md.logit_bias = (torch.tensor([1]), torch.tensor([int(logits[1].float().argmin())]), torch.tensor([50.0]))
+    md.repetition_penalties = torch.tensor([1.0, 1.0, 3.0, 1.0])
+    md.prompt_token_ids = padded([[0], [0], [int(logits[2].float().argmax())], [0]], v)
+    md.output_token_ids = padded([[], [], [], []], v)
+    torch.manual_seed(3)
+    out = Sampler()(logits, md)
+    raw = torch.log_softmax(logits.float(), dim=-1)
+    lt = out.logprobs_tensors
+    assert lt.logprobs.dtype == torch.float32
+    top_lp, top_ids = torch.topk(raw, 4, dim=-1)
+    torch.testing.assert_close(lt.logprobs[:, 1:], top_lp)
+    assert torch.equal(lt.token_ids[:, 1:], top_ids)
+    assert torch.equal(lt.token_ids[:, 0], out.sampled_token_ids)
+    torch.testing.assert_close(lt.logprobs[:, 0], raw.gather(1, out.sampled_token_ids[:, None])[:, 0])
+    for i in range(b):
+        assert int(lt.ranks[i]) == reference_rank(raw[i].tolist(), int(out.sampled_token_ids[i]))
+    # The greedy row took the biased token, whose raw rank is the last one.
+    assert int(out.sampled_token_ids[1]) == int(logits[1].float().argmin())
+    assert int(lt.ranks[1]) == reference_rank(raw[1].tolist(), int(logits[1].float().argmin())) > 1
+
+
+def test_no_logprobs_requested():
+    md = make_metadata([{}], V)
+    assert Sampler()(fixed_logits(1), md).logprobs_tensors is None
+    md.max_num_logprobs = 0
+    lt = Sampler()(fixed_logits(1), md).logprobs_tensors
+    assert lt.token_ids.shape == (1, 1)
+
+
+# ---- 4. greedy fast path ------------------------------------------------------------------------
+
+
+def test_all_greedy_batch_skips_random_sampling(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("random path taken for an all-greedy batch")
+
+    monkeypatch.setattr(sampler_mod, "random_sample", forbidden)
+    monkeypatch.setattr(sampler_mod, "apply_top_k_top_p", forbidden)
+    monkeypatch.setattr(sampler_mod, "apply_min_p", forbidden)
+    logits = fixed_logits(6, seed=70)
+    logits[3, 4] = logits[3].max()  # exact tie: the first maximal index wins
+    gen = torch.Generator().manual_seed(1)
+    md = make_metadata([{"temperature": 0.0}] * 6, V, generators={2: gen})
+    assert md.all_greedy and md.temperature is None
+    rng_state, gen_state = torch.get_rng_state(), gen.get_state()
+    for _ in range(3):
+        out = Sampler()(logits, md)
+        assert torch.equal(out.sampled_token_ids, logits.argmax(dim=-1))
+        assert out.sampled_token_ids.dtype == torch.int64
+    assert torch.equal(torch.get_rng_state(), rng_state)
+    assert torch.equal(gen.get_state(), gen_state)

@@ -1,0 +1,123 @@
+"""Helpers shared by the benchmarks: statistics, report printing, JSON output, the profiler flag."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any, Iterable, Optional, Sequence
+
+from vlite import profiler
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be non-negative, got {value}")
+    return value
+
+
+def range_ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
+def add_output_args(parser: argparse.ArgumentParser, profile: bool = True) -> None:
+    group = parser.add_argument_group("report options")
+    group.add_argument("--output-json", default=None, metavar="FILE", help="also save the results as JSON to FILE")
+    if profile:
+        group.add_argument("--profile", action="store_true",
+                           help="time the phases of each engine step (sets VLITE_PROFILE=1) and print a table")
+
+
+# --------------------------------------------------------------------------------------------------
+# Statistics
+# --------------------------------------------------------------------------------------------------
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between the closest ranks; nan if empty."""
+    if not values:
+        return math.nan
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def describe(values: Sequence[float], percentiles: Iterable[float] = (50, 90, 99)) -> dict[str, float]:
+    """{"mean", "p50", "p90", ..., "count"} of `values` (nan when empty)."""
+    out: dict[str, float] = {"mean": sum(values) / len(values) if values else math.nan}
+    for q in percentiles:
+        out[f"p{q:g}"] = percentile(values, q)
+    out["count"] = len(values)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Reports
+# --------------------------------------------------------------------------------------------------
+
+def print_block(title: str, rows: list[tuple[str, Any]], file: Any = None) -> None:
+    """A titled list of `label: value` lines, values aligned (vLLM's benchmark style)."""
+    out = file if file is not None else sys.stdout
+    width = max([len(label) for label, _ in rows] + [40])
+    total = max(width + 16, len(title) + 6)
+    print(f"{' ' + title + ' ':=^{total}}", file=out)
+    for label, value in rows:
+        text = f"{value:.2f}" if isinstance(value, float) else str(value)
+        print(f"{label + ':':<{total - 14}}{text:>14}", file=out)
+    print("=" * total, file=out, flush=True)
+
+
+def write_json(path: Optional[str], results: dict) -> None:
+    if not path:
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2, default=str)
+        f.write("\n")
+    print(f"results saved to {path}", file=sys.stderr)
+
+
+def jsonable_args(ns: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(ns).items() if k != "handler" and not callable(v)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Profiler
+# --------------------------------------------------------------------------------------------------
+
+def setup_profiler(ns: argparse.Namespace) -> bool:
+    """`--profile` (or VLITE_PROFILE=1 in the environment): turn the step profiler on. Returns whether it is on."""
+    if getattr(ns, "profile", False):
+        os.environ[profiler.ENV_VAR] = "1"
+        profiler.enable()
+    return profiler.is_enabled()
+
+
+def finish_profiler(results: dict, wall_s: Optional[float]) -> None:
+    """Put the profile in `results` and print its table (then forget it)."""
+    if not profiler.is_enabled() or not profiler.summary():
+        return
+    results["profile"] = {"steps": profiler.num_steps(), "phases": profiler.summary(), "wall_s": wall_s}
+    profiler.print_summary(wall_s=wall_s)
