@@ -466,6 +466,11 @@ def _add_serve(subparsers: Any) -> None:
                         help="uvicorn's log level (default: %(default)s)")
     parser.add_argument("--max-request-body-bytes", type=parse_size, default=4 * 2**20, metavar="BYTES",
                         help="reject larger request bodies with 413 (default: 4MiB)")
+    parser.add_argument("--log-prompts", action="store_true", default=False,
+                        help="log each request's prompt (off by default: prompts are never logged otherwise)")
+    parser.add_argument("--max-waiting-requests", type=_non_negative_int, default=1024, metavar="N",
+                        help="requests that may wait beyond the running batch; more get 503 with Retry-After "
+                             "(default: %(default)s)")
     _add_common_args(parser)
     add_engine_args(parser)
     parser.set_defaults(handler=run_serve)
@@ -483,7 +488,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(levelname)s %(message)s")
     return run_server(engine_args_from_cli(ns), ns.host, ns.port, ns.served_model_name, ns.api_key,
-                      ns.uvicorn_log_level, ns.max_request_body_bytes)
+                      ns.uvicorn_log_level, ns.max_request_body_bytes, ns.max_waiting_requests, ns.log_prompts)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ _OPEN_PATHS = {"/health", "/metrics", "/version", "/ping", "/openapi.json", "/do
 
 
 def _error(e: OpenAIError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    if e.status == 503:
+        headers = {"Retry-After": "1", **(headers or {})}
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
@@ -74,9 +76,9 @@ class EngineHolder:
         if engine is not None:
             self.set(engine)
 
-    def set(self, engine: AsyncLLM) -> None:
+    def set(self, engine: AsyncLLM, log_prompts: bool = False) -> None:
         self.engine = engine
-        self.serving = OpenAIServing(engine, self.served_model_names)
+        self.serving = OpenAIServing(engine, self.served_model_names, log_prompts)
 
     @property
     def is_ready(self) -> bool:
@@ -91,7 +93,8 @@ class EngineHolder:
 
 
 def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_body_bytes: int = 4 * 2**20,
-              stat_logger: Any = None, lifespan: Optional[Callable] = None) -> FastAPI:
+              stat_logger: Any = None, lifespan: Optional[Callable] = None,
+              max_pending_requests: Optional[int] = None) -> FastAPI:
     from vlite import __version__
 
     app = FastAPI(title="vlite", version=__version__, lifespan=lifespan)
@@ -130,6 +133,14 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
                                       f"{max_request_body_bytes} bytes", 413))
         return await call_next(request)
 
+    def admit() -> OpenAIServing:
+        """Overload guard: beyond the pending-request cap, 503 with Retry-After instead of queueing."""
+        engine, serving = holder.require()
+        if max_pending_requests is not None and engine.num_unfinished_requests() >= max_pending_requests:
+            raise OpenAIError(f"the server is overloaded ({engine.num_unfinished_requests()} requests pending, "
+                              f"limit {max_pending_requests}); retry later", 503)
+        return serving
+
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200 if holder.is_ready else 503)
@@ -159,7 +170,7 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        _, serving = holder.require()
+        serving = admit()
         result = await serving.create_completion(body)
         if body.stream:
             return StreamingResponse(result, media_type="text/event-stream")
@@ -167,7 +178,7 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        _, serving = holder.require()
+        serving = admit()
         result = await serving.create_chat_completion(body)
         if body.stream:
             return StreamingResponse(result, media_type="text/event-stream")
@@ -229,7 +240,8 @@ def _make_server_class() -> type:
 
 def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name: Optional[list[str]],
                api_key: Optional[str], uvicorn_log_level: str = "info",
-               max_request_body_bytes: int = 4 * 2**20) -> int:
+               max_request_body_bytes: int = 4 * 2**20, max_waiting_requests: int = 1024,
+               log_prompts: bool = False) -> int:
     """Listen at once (answering 503 while the model loads); exit non-zero if the engine dies."""
     import uvicorn
 
@@ -251,7 +263,8 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
 
     async def main() -> None:
         nonlocal failed
-        app = build_app(holder, api_key, max_request_body_bytes, stat_logger, lifespan)
+        app = build_app(holder, api_key, max_request_body_bytes, stat_logger, lifespan,
+                        max_pending_requests=engine_args.max_num_seqs + max_waiting_requests)
         server = _Server(uvicorn.Config(app, host=host, port=port, log_level=uvicorn_log_level,
                                         timeout_graceful_shutdown=5))
 
@@ -264,7 +277,7 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
                 logger.error("vlite: the engine failed to start: %s", e)
                 failed, server.should_exit = True, True
                 return
-            holder.set(engine)
+            holder.set(engine, log_prompts)
             logger.warning("vlite: serving %s at http://%s:%d (API pid %d, engine core pid %s); try:\n"
                            "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' "
                            "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",

@@ -7,9 +7,34 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vlite.sampling_params import RequestOutputKind, SamplingParams
+
+
+# Caps on request size that keep one request from monopolising the server (documented in
+# docs/reliability.md): beyond them a request gets a 400 naming the field and the limit.
+MAX_N = 64
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_LOGPROBS = 20
+
+
+def _no_lone_surrogates(value: Any, field_name: str) -> Any:
+    """JSON escapes can smuggle in lone UTF-16 surrogates that no tokenizer can encode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{field_name} contains invalid Unicode (a lone surrogate)") from None
+    elif isinstance(value, list):
+        for v in value:
+            _no_lone_surrogates(v, field_name)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _no_lone_surrogates(v, field_name)
+    return value
 
 
 class OpenAIBaseModel(BaseModel):
@@ -25,7 +50,7 @@ class _SamplingFields(OpenAIBaseModel):
     """Sampling fields shared by both endpoints, vLLM's extras included."""
 
     model: Optional[str] = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     top_k: Optional[int] = None
@@ -35,20 +60,30 @@ class _SamplingFields(OpenAIBaseModel):
     repetition_penalty: Optional[float] = None
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: Optional[list[int]] = Field(default=None, max_length=1024)
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    logit_bias: Optional[dict[str, float]] = None
+    logit_bias: Optional[dict[str, float]] = Field(default=None, max_length=MAX_LOGIT_BIAS_ENTRIES)
     allowed_token_ids: Optional[list[int]] = None
-    bad_words: Optional[list[str]] = None
+    bad_words: Optional[list[str]] = Field(default=None, max_length=MAX_STOP_STRINGS)
     truncate_prompt_tokens: Optional[int] = Field(default=None, ge=1)
     priority: int = 0
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, v: Any) -> Any:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
+        if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
+            raise ValueError(f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters")
+        return _no_lone_surrogates(v, "stop")
 
     def _sampling_params(self, max_tokens: int, logprobs: Optional[int]) -> SamplingParams:
         return SamplingParams(
@@ -81,11 +116,16 @@ class _SamplingFields(OpenAIBaseModel):
 class CompletionRequest(_SamplingFields):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: Optional[int] = 16
-    logprobs: Optional[int] = None
+    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: Optional[str] = None
     best_of: Optional[int] = None
-    prompt_logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, v: Any) -> Any:
+        return _no_lone_surrogates(v, "prompt")
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         params = self._sampling_params(max_tokens, self.logprobs)
@@ -98,13 +138,18 @@ class ChatMessage(OpenAIBaseModel):
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
 
+    @field_validator("content", "role")
+    @classmethod
+    def _check_text(cls, v: Any) -> Any:
+        return _no_lone_surrogates(v, "messages")
+
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage]
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: Optional[str] = None
@@ -126,6 +171,11 @@ class TokenizeRequest(OpenAIBaseModel):
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, v: Any) -> Any:
+        return _no_lone_surrogates(v, "prompt")
 
 
 class DetokenizeRequest(OpenAIBaseModel):

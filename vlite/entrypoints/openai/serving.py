@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from typing import Any, AsyncIterator, Optional
 from vlite.engine.async_llm import AsyncLLM
 from vlite.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from vlite.outputs import CompletionOutput, Logprob, RequestOutput
+
+logger = logging.getLogger("vlite")
 
 
 class OpenAIError(Exception):
@@ -62,8 +65,9 @@ class _Usage:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str]) -> None:
+    def __init__(self, engine: AsyncLLM, served_model_names: list[str], log_prompts: bool = False) -> None:
         self.engine = engine
+        self.log_prompts = log_prompts
         self.served_model_names = served_model_names
         self.tokenizer = engine.tokenizer
 
@@ -78,6 +82,8 @@ class OpenAIServing:
                  max_tokens: Optional[int], field_name: str) -> _Prepared:
         if request.truncate_prompt_tokens is not None:
             token_ids = token_ids[-request.truncate_prompt_tokens:]
+        if self.log_prompts:
+            logger.info("request %s: prompt %r (%d tokens)", request_id, prompt_text, len(token_ids))
         max_len = self.engine.max_model_len
         n_prompt = len(token_ids)
         if n_prompt > max_len:
