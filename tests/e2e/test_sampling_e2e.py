@@ -185,22 +185,22 @@ def test_prompt_logprobs_also_when_chunked(llm_fp32, chunked_llm, hf_model, hf_t
 
 
 def test_seeded_sampling_is_reproducible(llm_fp32, chunked_llm, hf_tokenizer):
-    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=32, ignore_eos=True)
+    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=24, ignore_eos=True)
     alone = llm_fp32.generate(STORY_PROMPT, seeded, use_tqdm=False)[0].outputs[0]
-    assert len(alone.token_ids) == 32
+    assert len(alone.token_ids) == 24
 
     # A batch of 16 requests with different prompts and parameters; two copies of the seeded request.
     ids = corpus_ids(hf_tokenizer)
     prompts, params = [], []
     for i in range(16):
-        prompts.append({"prompt_token_ids": ids[500 + 211 * i:500 + 211 * i + 5 + 9 * i]})
+        prompts.append({"prompt_token_ids": ids[500 + 211 * i:500 + 211 * i + 5 + 6 * i]})
         kind = i % 4
         if kind == 0:
-            params.append(SamplingParams(temperature=0, max_tokens=20 + i, ignore_eos=True, logprobs=2))
+            params.append(SamplingParams(temperature=0, max_tokens=12 + i, ignore_eos=True, logprobs=2))
         elif kind == 1:
-            params.append(SamplingParams(temperature=1.0, max_tokens=10 + 2 * i, top_k=40))
+            params.append(SamplingParams(temperature=1.0, max_tokens=8 + i, top_k=40))
         elif kind == 2:
-            params.append(SamplingParams(temperature=0.7, seed=i, max_tokens=30, min_p=0.05, presence_penalty=0.5))
+            params.append(SamplingParams(temperature=0.7, seed=i, max_tokens=20, min_p=0.05, presence_penalty=0.5))
         else:
             params.append(SamplingParams(temperature=1.2, top_p=0.8, max_tokens=16, repetition_penalty=1.2))
     for i in (5, 11):
@@ -271,6 +271,13 @@ def test_stop_strings(llm_fp32, story):
             end = pos + len(winner)
             expected.append((name, include, winner, text[:end] if include else text[:pos],
                              ids[:tokens_to_cover(offsets, end)]))
+    # min_tokens also holds off stop strings (as in vLLM): ' the' first ends within token 2, then after token 10.
+    min_tokens, stop = 10, " the"
+    pos = text.find(stop, offsets[min_tokens] - len(stop) + 1)
+    assert 0 < text.find(stop) < offsets[min_tokens] < pos
+    prompts.append(STORY_PROMPT)
+    params.append(SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, stop=[stop], min_tokens=min_tokens))
+    expected.append(("min_tokens", False, stop, text[:pos], ids[:tokens_to_cover(offsets, pos + len(stop))]))
     outputs = llm_fp32.generate(prompts, params, use_tqdm=False)
     for out, (name, include, winner, want_text, want_ids) in zip(outputs, expected):
         c = out.outputs[0]

@@ -43,6 +43,7 @@ class IncrementalDetokenizer:
         spaces_between_special_tokens: bool = True,
         stop: list[str] | None = None,
         include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self._decode_kwargs: dict[str, Any] = {"skip_special_tokens": skip_special_tokens}
@@ -51,6 +52,8 @@ class IncrementalDetokenizer:
             self._decode_kwargs["spaces_between_special_tokens"] = False
         self.stop: list[str] = [s for s in (stop or []) if s]
         self.include_stop_str_in_output = include_stop_str_in_output
+        # As in vLLM, text of the first `min_tokens` generated tokens is never searched for stop strings.
+        self.min_tokens = min_tokens
         # Chars a streamed output must hold back: a stop string may still start inside them.
         self._stop_buffer_length = (
             max(len(s) for s in self.stop) - 1 if self.stop and not include_stop_str_in_output else 0
@@ -103,10 +106,13 @@ class IncrementalDetokenizer:
         if self.stop_str_hit is not None:
             return None  # text already ended at a stop string
         to_decode = new_token_ids[:-1] if stop_terminated else new_token_ids
+        num_before = len(self._token_ids) - len(new_token_ids)
         added = 0
-        for token_id in to_decode:
+        for i, token_id in enumerate(to_decode):
             self._window.append(token_id)
             added += self._append(self._decode_step(flush=False))
+            if num_before + i + 1 <= self.min_tokens:
+                added = 0  # still within min_tokens: this text may not hold a stop string
         if stop_terminated:
             added += self._append(self._decode_step(flush=True))
         if not self.stop or added == 0:
@@ -123,7 +129,7 @@ class IncrementalDetokenizer:
             # Release text held behind bytes that never completed (those become U+FFFD). It may still hold a
             # stop string: truncate as usual; the caller can read `stop_str_hit` to learn of it.
             added = self._append(self._decode_step(flush=True))
-            if added and self.stop:
+            if added and self.stop and self.num_output_tokens > self.min_tokens:
                 self._check_stop_strings(added)
         length = self._num_chars if finished else max(0, self._num_chars - self._stop_buffer_length)
         if not delta:
@@ -185,7 +191,8 @@ class IncrementalDetokenizer:
         region = self._tail(added + self._max_stop_len - 1)
         best: tuple[int, int, str] | None = None  # (end, start, stop)
         for stop in self.stop:
-            start = region.find(stop)
+            # Only matches ending in the new text (one ending earlier lay within min_tokens).
+            start = region.find(stop, max(0, len(region) - added - len(stop) + 1))
             if start != -1:
                 candidate = (start + len(stop), start, stop)
                 if best is None or candidate[:2] < best[:2]:

@@ -83,7 +83,7 @@ class OutputProcessor:
             detok = IncrementalDetokenizer(
                 self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
                 spaces_between_special_tokens=params.spaces_between_special_tokens, stop=params.stop,
-                include_stop_str_in_output=params.include_stop_str_in_output)
+                include_stop_str_in_output=params.include_stop_str_in_output, min_tokens=params.min_tokens)
         state = RequestState(request_id, prompt, prompt_token_ids, params, detok, arrival_time or time.time(),
                              parent=parent, index=index)
         if params.logprobs is not None:
