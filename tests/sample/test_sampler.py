@@ -373,7 +373,7 @@ def test_seeded_rows_do_not_touch_global_generator_and_follow_distribution():
     md2 = make_metadata([r for r in rows for _ in range(n)], V, generators=again)
     assert np.array_equal(Sampler.sample(big, md2).view(len(rows), n).numpy(), ids)
     probe = torch.Generator().manual_seed(1000)
-    torch.empty(V).exponential_(generator=probe)
+    torch.rand(1, generator=probe)
     assert torch.equal(gens[0].get_state(), probe.get_state())
 
 

@@ -143,13 +143,20 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """argmax(p / E) with E ~ Exp(1) draws from p; seeded rows draw E from their own generator."""
-    q = torch.empty_like(probs)
-    if len(generators) < probs.shape[0]:
-        q.exponential_()
+    """Inverse-CDF sampling: one uniform draw per row, located in the row's cumulative sum.
+
+    (On a CPU this beats the exponential race used on GPUs, which draws a random number for every
+    vocabulary entry.) A seeded row draws its uniform from its own generator, one per step, so its
+    samples do not depend on the rest of the batch. `right=True` skips zero-probability tokens.
+    """
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1) if len(generators) < probs.shape[0] else torch.empty(probs.shape[0], 1)
     for row, gen in generators.items():
-        q[row].exponential_(generator=gen)
-    return probs.div_(q).argmax(dim=-1)
+        u[row] = torch.rand(1, generator=gen)
+    # u * total < total, so some token's cumulative sum exceeds it.
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
 def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from vlite.attention.backends.torch_sdpa import build_metadata
+from vlite.attention.backends.torch_sdpa import build_metadata, get_kv_cache_shape
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from vlite.model_loader import LlamaArchConfig
 from vlite.models.llama import LlamaForCausalLM
@@ -67,7 +67,7 @@ class ModelRunner:
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.model = LlamaForCausalLM(arch, weights).eval()
-        shape = (2, num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+        shape = get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(arch.num_hidden_layers)]
         max_blocks_per_req = -(-(max_model_len + 1) // block_size)
         self.input_batch = InputBatch(max_num_reqs, max_model_len, max_blocks_per_req, arch.vocab_size)
