@@ -7,7 +7,6 @@ budget, so long prompts are chunked across steps and mixed with other requests' 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.e2e.conftest import MAX_NEW
 from tests.e2e.reference import ATOL, compare_greedy

@@ -543,7 +543,6 @@ def runner_reference(logits_row: list[float], prompt: list[int], output: list[in
 
 
 def test_runner_metadata_matches_reference():
-    rng = random.Random(3)
     runner = make_runner()
 
     def params(**kw) -> SamplingParams:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from typing import Any, Iterable, Optional, Sequence
 
@@ -110,8 +109,7 @@ def jsonable_args(ns: argparse.Namespace) -> dict[str, Any]:
 def setup_profiler(ns: argparse.Namespace) -> bool:
     """`--profile` (or VLITE_PROFILE=1 in the environment): turn the step profiler on. Returns whether it is on."""
     if getattr(ns, "profile", False):
-        os.environ[profiler.ENV_VAR] = "1"
-        profiler.enable()
+        profiler.enable()  # in this process only: the environment (and any child process) is left alone
     return profiler.is_enabled()
 
 
@@ -121,3 +119,5 @@ def finish_profiler(results: dict, wall_s: Optional[float]) -> None:
         return
     results["profile"] = {"steps": profiler.num_steps(), "phases": profiler.summary(), "wall_s": wall_s}
     profiler.print_summary(wall_s=wall_s)
+    profiler.reset()
+    profiler.enable(profiler._env_enabled())  # back to what the environment asks for

@@ -209,6 +209,16 @@ class AsyncLLM:
 
     # ---- utilities -----------------------------------------------------------------------------
 
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text` as a prompt would be tokenized (runs in this, the API, process)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
     async def reset_prefix_cache(self) -> bool:
         return await self.client.call_utility("reset_prefix_cache")
 
