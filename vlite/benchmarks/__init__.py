@@ -13,7 +13,8 @@ results as a dict, so tests and scripts can call it without the command line.
     latency       one batch through LLMEngine.step(): time to first token, inter-token latency, end to end
     prefix-cache  time to first token of a long prompt, cold and then again from the prefix cache
     scheduler     the pure-Python Scheduler + KVCacheManager alone, with a fake model: µs per step
-    serve         (to come with `vlite serve`: online requests against a running server, TTFT/ITL under load)
+    serve         online: streamed requests against a running `vlite serve` at a request rate; TTFT, TPOT,
+                  ITL, E2E percentiles and throughput (vllm bench serve's report)
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Subcommand name -> module. `serve` goes here once `vlite serve` exists:
-#     "serve": "vlite.benchmarks.serve",
+# Subcommand name -> module.
 BENCHMARKS: dict[str, str] = {
     "throughput": "vlite.benchmarks.throughput",
     "latency": "vlite.benchmarks.latency",
     "prefix-cache": "vlite.benchmarks.prefix_cache",
     "scheduler": "vlite.benchmarks.scheduler",
+    "serve": "vlite.benchmarks.serve",
 }
 
 

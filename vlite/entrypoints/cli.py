@@ -1,4 +1,4 @@
-"""The `vlite` command line: `vlite generate`, `vlite chat`, `vlite bench <name>` (and later `serve`).
+"""The `vlite` command line: `vlite generate`, `vlite chat`, `vlite serve`, `vlite bench <name>`.
 
 Layout, so a new subcommand is one small function:
 
@@ -439,7 +439,7 @@ def run_chat(ns: argparse.Namespace) -> int:
 
 @subcommand
 def _add_bench(subparsers: Any) -> None:
-    # `vlite bench throughput|latency|prefix-cache|scheduler`: see vlite/benchmarks/.
+    # `vlite bench throughput|latency|prefix-cache|scheduler|serve`: see vlite/benchmarks/.
     from vlite.benchmarks import add_bench_parser
 
     add_bench_parser(subparsers)

@@ -39,13 +39,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
         self.register_buffer("sin_cached", emb.sin(), persistent=False)
 
-    @staticmethod
-    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    def get_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token tables for one step, [T, 1, D], computed once and shared by every layer.
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; q [T, H, D]; k [T, H_kv, D]."""
-        cos = self.cos_cached[positions].to(q.dtype)[:, None, :]
-        sin = self.sin_cached[positions].to(q.dtype)[:, None, :]
-        return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+        The sine comes with rotate-half's sign folded in (first half negated), so that
+        rotate_half(x) * sin == x.roll(D / 2) * signed_sin, one op fewer per use.
+        """
+        cos = self.cos_cached[positions]
+        sin = self.sin_cached[positions]
+        half = sin.shape[-1] // 2
+        signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return cos.to(dtype)[:, None, :], signed_sin.to(dtype)[:, None, :]
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] rotated by position: x * cos + rotate_half(x) * sin."""
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin

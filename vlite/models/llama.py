@@ -23,7 +23,7 @@ def _param(t: torch.Tensor) -> nn.Parameter:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig, w: Weights, prefix: str, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: LlamaArchConfig, w: Weights, prefix: str) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads, cfg.num_key_value_heads,
                                                             cfg.head_dim)
@@ -35,16 +35,14 @@ class LlamaAttention(nn.Module):
         self.qkv_bias = (_param(torch.cat([w[f"{prefix}.{n}_proj.bias"] for n in "qkv"]))
                          if cfg.attention_bias else None)
         self.o_weight = _param(w[f"{prefix}.o_proj.weight"])
-        self.rotary = rotary
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(-1, self.num_heads + 2 * self.num_kv_heads,
+                                                                self.head_dim)
+        qk = RotaryEmbedding.apply(qkv[:, :self.num_heads + self.num_kv_heads], *rope)  # q and k in one go
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, self.num_heads + self.num_kv_heads:]
         o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale)
         return F.linear(o.reshape(-1, self.q_size), self.o_weight)
 
@@ -63,17 +61,17 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig, w: Weights, i: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: LlamaArchConfig, w: Weights, i: int) -> None:
         super().__init__()
         p = f"model.layers.{i}"
         self.input_layernorm = RMSNorm(w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, w, f"{p}.self_attn", rotary)
+        self.self_attn = LlamaAttention(cfg, w, f"{p}.self_attn")
         self.post_attention_layernorm = RMSNorm(w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg, w, f"{p}.mlp")
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, attn_metadata)
+        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), kv_cache, attn_metadata)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -81,9 +79,9 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: LlamaArchConfig, weights: Weights) -> None:
         super().__init__()
         self.config = cfg
-        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = _param(weights["model.embed_tokens.weight"])
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, weights, i, rotary) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, weights, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(weights["model.norm.weight"], cfg.rms_norm_eps)
         lm_head = weights.get("lm_head.weight")
         self.lm_head = self.embed_tokens if cfg.tie_word_embeddings or lm_head is None else _param(lm_head)
@@ -91,8 +89,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
         hidden = F.embedding(input_ids, self.embed_tokens)
+        rope = self.rotary.get_cos_sin(positions, hidden.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
+            hidden = layer(rope, hidden, kv_cache, attn_metadata)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

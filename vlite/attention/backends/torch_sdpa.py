@@ -101,11 +101,15 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
 
 
 def _attend(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, g: _Group,
-            scale: float, out: torch.Tensor) -> None:
-    """key_cache/value_cache: [H_kv, num_blocks, block_size, D]."""
+            scale: float, whole_step: bool) -> torch.Tensor:
+    """Attention output of the group's tokens, in group order [T_g, H, D].
+
+    key_cache/value_cache: [H_kv, num_blocks, block_size, D]. `whole_step`: the group is every
+    token of the step in order (an all-decode step), so no gather of its queries is needed.
+    """
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[0]
-    q = query[g.token_idx]
+    q = query if whole_step else query[g.token_idx]
     if g.pad_idx is not None:
         padded = q.new_zeros(g.num_reqs * g.max_query_len, num_heads, head_dim)
         padded[g.pad_idx] = q
@@ -119,7 +123,7 @@ def _attend(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Ten
     else:
         o = _grouped_attention(q, k, v, g.mask, scale)
     o = o.reshape(-1, num_heads, head_dim)
-    out[g.token_idx] = o if g.pad_idx is None else o[g.pad_idx]
+    return o if g.pad_idx is None else o[g.pad_idx]
 
 
 def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -147,8 +151,10 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D]."""
     with section("attention"):
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        if metadata.prefill is None and metadata.decode is not None:
+            return _attend(query, kv_cache[0], kv_cache[1], metadata.decode, scale, whole_step=True)
         out = torch.empty_like(query)
         for group in (metadata.decode, metadata.prefill):
             if group is not None:
-                _attend(query, kv_cache[0], kv_cache[1], group, scale, out)
+                out[group.token_idx] = _attend(query, kv_cache[0], kv_cache[1], group, scale, whole_step=False)
         return out
