@@ -466,6 +466,9 @@ def _add_serve(subparsers: Any) -> None:
                         help="uvicorn's log level (default: %(default)s)")
     parser.add_argument("--max-request-body-bytes", type=parse_size, default=4 * 2**20, metavar="BYTES",
                         help="reject larger request bodies with 413 (default: 4MiB)")
+    parser.add_argument("--trust-request-chat-template", action="store_true", default=False,
+                        help="let requests bring their own chat_template (client-written Jinja, rendered in a "
+                             "sandbox but able to burn CPU/memory); off by default")
     parser.add_argument("--log-prompts", action="store_true", default=False,
                         help="log each request's prompt (off by default: prompts are never logged otherwise)")
     parser.add_argument("--max-waiting-requests", type=_non_negative_int, default=1024, metavar="N",
@@ -488,7 +491,8 @@ def run_serve(ns: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(levelname)s %(message)s")
     return run_server(engine_args_from_cli(ns), ns.host, ns.port, ns.served_model_name, ns.api_key,
-                      ns.uvicorn_log_level, ns.max_request_body_bytes, ns.max_waiting_requests, ns.log_prompts)
+                      ns.uvicorn_log_level, ns.max_request_body_bytes, ns.max_waiting_requests, ns.log_prompts,
+                      ns.trust_request_chat_template)
 
 
 # --------------------------------------------------------------------------------------------------

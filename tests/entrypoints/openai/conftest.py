@@ -118,7 +118,7 @@ def stop_server(server: Server, timeout: float = 30) -> int:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    srv = start_server(tmp_path_factory)
+    srv = start_server(tmp_path_factory, "--trust-request-chat-template")  # the sandbox is under test
     yield srv
     code = stop_server(srv)
     assert code == 0, open(srv.log_path).read()[-3000:]

@@ -217,6 +217,11 @@ def test_metrics_names(server):
 def test_engine_death_fails_requests_and_exits(tmp_path_factory):
     srv = start_server(tmp_path_factory, "--max-num-seqs", "4")
     try:
+        # Without --trust-request-chat-template a request may not bring its own template.
+        r = httpx.post(f"{srv.url}/v1/chat/completions", headers=srv.headers, json={
+            "messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages[0].content }}"})
+        assert r.status_code == 400 and "--trust-request-chat-template" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "chat_template"
         engine_pid = srv.engine_pid()
         body = {"prompt": "A long story:", "max_tokens": 2000, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, headers=srv.headers, timeout=30) as r:

@@ -22,9 +22,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vlite.engine.arg_utils import EngineArgs
-from vlite.engine.async_llm import AsyncLLM
+from vlite.engine.async_llm import AsyncLLM, EngineGenerateError
 from vlite.engine.core_client import EngineDeadError
 from vlite.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                TokenizeRequest)
@@ -40,6 +41,12 @@ def _error(e: OpenAIError, headers: Optional[dict[str, str]] = None) -> JSONResp
     if e.status == 503:
         headers = {"Retry-After": "1", **(headers or {})}
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def _is_type_tag(loc_item: str) -> bool:
+    """pydantic names the alternatives of a union in an error's location by their types."""
+    return loc_item in ("str", "int", "float", "bool", "none", "list", "dict") or "[" in loc_item \
+        or loc_item.startswith("function-")
 
 
 async def _listen_for_disconnect(request: Request) -> None:
@@ -65,6 +72,93 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
         watcher.cancel()
 
 
+class _BodyLimit:
+    """ASGI middleware: read the whole request body up front and answer 413 past `limit` bytes.
+
+    Checks the Content-Length header first, then counts the bytes actually received, so a chunked
+    upload without a Content-Length cannot get past the limit either. The app then gets the body in
+    one message; later receive() calls (disconnect detection) go to the client as before.
+    """
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length", b"").decode("latin-1")
+        if length.isdigit() and int(length) > self.limit:
+            await self._too_large(scope, send, f"request body is {length} bytes, more than the limit of "
+                                                f"{self.limit} bytes")
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before sending its body
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._too_large(scope, send, f"request body is more than the limit of {self.limit} bytes")
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _too_large(scope: dict, send: Callable, message: str) -> None:
+        # Connection: close, since the rest of the body is left unread.
+        await _error(OpenAIError(message, 413), {"Connection": "close"})(scope, _no_receive, send)
+
+
+async def _no_receive() -> dict:
+    return {"type": "http.disconnect"}
+
+
+class _AdmissionCount:
+    """Generation requests admitted and not yet answered in full (streams included)."""
+
+    _KEY = "vlite.admitted"
+
+    def __init__(self) -> None:
+        self.pending = 0
+
+    def admit(self, scope: dict) -> None:
+        slot = scope.get(self._KEY)
+        if slot is not None and not slot[0]:
+            slot[0] = True
+            self.pending += 1
+
+    class Middleware:
+        """Releases a request's count when the app is done with it: answered, failed or disconnected."""
+
+        def __init__(self, app: Any, counter: _AdmissionCount) -> None:
+            self.app, self.counter = app, counter
+
+        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+            if scope["type"] != "http":
+                await self.app(scope, receive, send)
+                return
+            slot = scope[_AdmissionCount._KEY] = [False]  # a list: shared even if the scope is copied
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                if slot[0]:
+                    self.counter.pending -= 1
+
+
 class EngineHolder:
     """The engine once it is ready: the server listens (and answers 503) while the model loads."""
 
@@ -76,9 +170,9 @@ class EngineHolder:
         if engine is not None:
             self.set(engine)
 
-    def set(self, engine: AsyncLLM, log_prompts: bool = False) -> None:
+    def set(self, engine: AsyncLLM, log_prompts: bool = False, trust_request_chat_template: bool = False) -> None:
         self.engine = engine
-        self.serving = OpenAIServing(engine, self.served_model_names, log_prompts)
+        self.serving = OpenAIServing(engine, self.served_model_names, log_prompts, trust_request_chat_template)
 
     @property
     def is_ready(self) -> bool:
@@ -105,9 +199,28 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
-        message = f"{param}: {first.get('msg', 'invalid value')}" if param else str(first.get("msg", "invalid body"))
+        if first.get("type") == "json_invalid":
+            loc = first.get("loc", ())
+            pos = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+            return _error(OpenAIError(f"the request body is not valid JSON: "
+                                      f"{(first.get('ctx') or {}).get('error', 'decode error')}{pos}", 400))
+        loc = [str(x) for x in first.get("loc", ())][1:]  # past "body"
+        tag_at = next((i for i, x in enumerate(loc) if _is_type_tag(x)), None)
+        if tag_at is None:
+            param = ".".join(loc) or None
+            msg = str(first.get("msg", "invalid value"))
+        else:
+            # A union field (e.g. prompt: a string, a list of strings or of token ids) reports one
+            # error per alternative, under the alternative's type: name the field and the alternatives.
+            param = ".".join(loc[:tag_at]) or None
+            tags: list[str] = []
+            for e in errors:
+                e_loc = [str(x) for x in e.get("loc", ())][1:]
+                if e_loc[:tag_at] == loc[:tag_at] and len(e_loc) > tag_at and e_loc[tag_at] not in tags \
+                        and not e_loc[tag_at].startswith("function"):
+                    tags.append(e_loc[tag_at])
+            msg = f"invalid value; expected one of: {', '.join(tags)}"
+        message = f"{param}: {msg}" if param else msg
         return _error(OpenAIError(message, 400, param))
 
     @app.exception_handler(OpenAIError)
@@ -118,6 +231,28 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
     async def _engine_dead(request: Request, exc: EngineDeadError) -> JSONResponse:
         return _error(OpenAIError(f"the engine is not available: {exc}", 503))
 
+    @app.exception_handler(EngineGenerateError)
+    async def _generate_failed(request: Request, exc: EngineGenerateError) -> JSONResponse:
+        return _error(OpenAIError(f"the request failed in the engine: {exc}", 500))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own errors (unknown route, wrong method, an unreadable body) in OpenAI's shape.
+        message = str(exc.detail)
+        if isinstance(exc.__cause__, UnicodeDecodeError):
+            message = f"the request body is not valid UTF-8: {exc.__cause__}"
+        return _error(OpenAIError(message, exc.status_code), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not the client's fault; logged with its traceback by uvicorn. Still OpenAI's shape.
+        return _error(OpenAIError(f"internal server error: {type(exc).__name__}", 500))
+
+    admission = _AdmissionCount()
+    app.add_middleware(_AdmissionCount.Middleware, counter=admission)
+    # Added before the auth guard below, so it runs inside it: unauthenticated bodies are never read.
+    app.add_middleware(_BodyLimit, limit=max_request_body_bytes)
+
     @app.middleware("http")
     async def _guard(request: Request, call_next: Callable) -> Response:
         path = request.url.path
@@ -127,18 +262,22 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
                 return _error(OpenAIError("Unauthorized: a valid API key is required (Authorization: Bearer <key>)",
                                           401))
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_request_body_bytes:
-            return _error(OpenAIError(f"request body is {length} bytes, more than the limit of "
-                                      f"{max_request_body_bytes} bytes", 413))
         return await call_next(request)
 
-    def admit() -> OpenAIServing:
-        """Overload guard: beyond the pending-request cap, 503 with Retry-After instead of queueing."""
+    def admit(request: Request) -> OpenAIServing:
+        """Overload guard: beyond the pending-request cap, 503 with Retry-After instead of queueing.
+
+        Counts admitted HTTP requests until their response is over (_AdmissionCount), not the
+        engine's requests: those are registered only once the handler's work starts, so a burst
+        would all pass a check against them. Check and count happen with no await in between.
+        """
         engine, serving = holder.require()
-        if max_pending_requests is not None and engine.num_unfinished_requests() >= max_pending_requests:
-            raise OpenAIError(f"the server is overloaded ({engine.num_unfinished_requests()} requests pending, "
-                              f"limit {max_pending_requests}); retry later", 503)
+        if max_pending_requests is not None:
+            pending = max(admission.pending, engine.num_unfinished_requests())
+            if pending >= max_pending_requests:
+                raise OpenAIError(f"the server is overloaded ({pending} requests pending, limit "
+                                  f"{max_pending_requests}); retry later", 503)
+            admission.admit(request.scope)
         return serving
 
     @app.get("/health")
@@ -170,7 +309,7 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        serving = admit()
+        serving = admit(request)
         result = await serving.create_completion(body)
         if body.stream:
             return StreamingResponse(result, media_type="text/event-stream")
@@ -178,7 +317,7 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        serving = admit()
+        serving = admit(request)
         result = await serving.create_chat_completion(body)
         if body.stream:
             return StreamingResponse(result, media_type="text/event-stream")
@@ -241,7 +380,7 @@ def _make_server_class() -> type:
 def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name: Optional[list[str]],
                api_key: Optional[str], uvicorn_log_level: str = "info",
                max_request_body_bytes: int = 4 * 2**20, max_waiting_requests: int = 1024,
-               log_prompts: bool = False) -> int:
+               log_prompts: bool = False, trust_request_chat_template: bool = False) -> int:
     """Listen at once (answering 503 while the model loads); exit non-zero if the engine dies."""
     import uvicorn
 
@@ -277,7 +416,7 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
                 logger.error("vlite: the engine failed to start: %s", e)
                 failed, server.should_exit = True, True
                 return
-            holder.set(engine, log_prompts)
+            holder.set(engine, log_prompts, trust_request_chat_template)
             logger.warning("vlite: serving %s at http://%s:%d (API pid %d, engine core pid %s); try:\n"
                            "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' "
                            "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",
@@ -286,7 +425,8 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
             # non-zero so a supervisor restarts the whole server (see docs/reliability.md).
             while engine.is_running:
                 await asyncio.sleep(0.25)
-            logger.error("vlite: the engine core died (%s); shutting down", engine.errored)
+            logger.error("vlite: the engine core died (%s); shutting down",
+                         engine.errored or f"exit code {engine.client.proc.exitcode}")
             failed = True
             await asyncio.sleep(0.5)
             server.should_exit = True

@@ -5,7 +5,7 @@ Unknown fields are ignored, as OpenAI and vLLM do, so newer clients keep working
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -19,6 +19,10 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_LOGPROBS = 20
+
+# Integers travel to the engine core as msgpack int64 and end up in int64 tensors: a larger value
+# would fail there (a 500, or a failed engine step), so it is a 400 here.
+Int64 = Annotated[int, Field(ge=-2**63, le=2**63 - 1)]
 
 
 def _no_lone_surrogates(value: Any, field_name: str) -> Any:
@@ -53,24 +57,24 @@ class _SamplingFields(OpenAIBaseModel):
     n: int = Field(default=1, ge=1, le=MAX_N)
     temperature: Optional[float] = None
     top_p: Optional[float] = None
-    top_k: Optional[int] = None
+    top_k: Optional[Int64] = None
     min_p: Optional[float] = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: Optional[float] = None
-    seed: Optional[int] = None
+    seed: Optional[Int64] = None
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = Field(default=None, max_length=1024)
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: Int64 = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: Optional[dict[str, float]] = Field(default=None, max_length=MAX_LOGIT_BIAS_ENTRIES)
     allowed_token_ids: Optional[list[int]] = None
     bad_words: Optional[list[str]] = Field(default=None, max_length=MAX_STOP_STRINGS)
-    truncate_prompt_tokens: Optional[int] = Field(default=None, ge=1)
-    priority: int = 0
+    truncate_prompt_tokens: Optional[int] = Field(default=None, ge=1, le=2**63 - 1)
+    priority: Int64 = 0
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
@@ -115,11 +119,11 @@ class _SamplingFields(OpenAIBaseModel):
 
 class CompletionRequest(_SamplingFields):
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = 16
+    max_tokens: Optional[Int64] = 16
     logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: Optional[str] = None
-    best_of: Optional[int] = None
+    best_of: Optional[Int64] = None
     prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("prompt")
@@ -146,8 +150,8 @@ class ChatMessage(OpenAIBaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage]
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
+    max_tokens: Optional[Int64] = None
+    max_completion_tokens: Optional[Int64] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True

@@ -20,8 +20,9 @@ logger = logging.getLogger("vlite")
 class OpenAIError(Exception):
     """An error with an HTTP status, rendered in OpenAI's error shape."""
 
-    TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "BadRequestError",
-             503: "ServiceUnavailableError", 500: "InternalServerError"}
+    TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+             405: "MethodNotAllowedError", 413: "BadRequestError", 503: "ServiceUnavailableError",
+             500: "InternalServerError"}
 
     def __init__(self, message: str, status: int = 400, param: Optional[str] = None) -> None:
         super().__init__(message)
@@ -65,7 +66,11 @@ class _Usage:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str], log_prompts: bool = False) -> None:
+    def __init__(self, engine: AsyncLLM, served_model_names: list[str], log_prompts: bool = False,
+                 trust_request_chat_template: bool = False) -> None:
+        # A template in the request runs client-written Jinja: sandboxed, but a loop or a string
+        # product can still burn CPU or memory, so it is opt-in (vLLM's rule).
+        self.trust_request_chat_template = trust_request_chat_template
         self.engine = engine
         self.log_prompts = log_prompts
         self.served_model_names = served_model_names
@@ -263,11 +268,16 @@ class OpenAIServing:
                     request, "continue_final_message", False),
                 continue_final_message=getattr(request, "continue_final_message", False), **kwargs)
         except Exception as e:  # a template that raises is the request's problem, not a server error
-            raise OpenAIError(f"chat template failed: {e}", 400, "messages") from None
+            param = "chat_template" if getattr(request, "chat_template", None) is not None else \
+                "chat_template_kwargs" if kwargs and isinstance(e, TypeError) else "messages"
+            raise OpenAIError(f"chat template failed: {e}", 400, param) from None
         return text, self.tokenizer.encode(text, add_special_tokens=False)
 
     async def create_chat_completion(self, request: ChatCompletionRequest) -> Any:
         model = self.check_model(request.model)
+        if request.chat_template is not None and not self.trust_request_chat_template:
+            raise OpenAIError("chat_template in a request is disabled on this server; start it with "
+                              "--trust-request-chat-template to allow it", 400, "chat_template")
         if request.tools:
             raise OpenAIError("tools are not supported", 400, "tools")
         if request.response_format and request.response_format.get("type", "text") != "text":
