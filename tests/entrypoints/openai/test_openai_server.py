@@ -179,6 +179,8 @@ def test_concurrent_requests_and_separate_processes(server):
 
 
 def test_disconnects_abort_and_free_blocks(server):
+    generated_before = server.metrics().get("vllm:generation_tokens_total", 0.0)
+
     async def run() -> None:
         async with httpx.AsyncClient(timeout=60, headers=server.headers) as c:
             async def drop(i: int) -> None:
@@ -200,7 +202,8 @@ def test_disconnects_abort_and_free_blocks(server):
         time.sleep(0.2)
     m = server.metrics()
     assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0, m
-    assert m["vllm:generation_tokens_total"] < 8 * 400  # they were cut short, not run to the end
+    # They were cut short, not run to the end (the server is shared: count this test's tokens only).
+    assert m["vllm:generation_tokens_total"] - generated_before < 8 * 400
 
 
 def test_metrics_names(server):
