@@ -76,11 +76,17 @@ class KVCacheManager:
         the same step can share them (their K/V are written before any attention reads them).
         """
         new_computed_blocks = new_computed_blocks or []
-        is_admission = request.request_id not in self.req_to_blocks
-        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        req_blocks = self.req_to_blocks.get(request.request_id)
+        is_admission = req_blocks is None
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[request.request_id] = []
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_required_blocks = cdiv(num_computed_tokens + num_new_tokens, self.block_size)
         num_new_blocks = num_required_blocks - len(req_blocks) - len(new_computed_blocks)
+        if num_new_blocks <= 0 and not new_computed_blocks and not is_admission:
+            # The common decode step: the last block still has room. Only caching may change.
+            self._cache_full_blocks(request, req_blocks, num_computed_tokens + num_new_tokens)
+            return []
         # Hit blocks sitting in the free queue stop being free once touched.
         num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_new_blocks > self.block_pool.get_num_free_blocks() - num_free_hits:
@@ -97,17 +103,20 @@ class KVCacheManager:
         if new_computed_blocks:
             self.block_pool.touch(new_computed_blocks)
             req_blocks.extend(new_computed_blocks)
-        new_blocks = self.block_pool.get_new_blocks(max(num_new_blocks, 0))
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         req_blocks.extend(new_blocks)
-
-        if self.enable_caching:
-            num_cached = self.num_cached_block.get(request.request_id, 0)
-            num_full = min(num_computed_tokens + num_new_tokens, request.num_tokens) // self.block_size
-            if num_full > num_cached:
-                block_hashes = self._block_hashes(request)
-                self.block_pool.cache_full_blocks(req_blocks, block_hashes, num_cached, num_full)
-                self.num_cached_block[request.request_id] = num_full
+        self._cache_full_blocks(request, req_blocks, num_computed_tokens + num_new_tokens)
         return new_blocks
+
+    def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens_after: int) -> None:
+        """Register the blocks that this step fills (their tokens are all known) in the prefix cache."""
+        if not self.enable_caching:
+            return
+        num_cached = self.num_cached_block.get(request.request_id, 0)
+        num_full = min(num_tokens_after, request.num_tokens) // self.block_size
+        if num_full > num_cached:
+            self.block_pool.cache_full_blocks(req_blocks, self._block_hashes(request), num_cached, num_full)
+            self.num_cached_block[request.request_id] = num_full
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so its prefix is evicted last."""

@@ -241,43 +241,47 @@ class Scheduler:
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs: list[EngineCoreOutput] = []
         stopped = False
-        for i, req_id in enumerate(model_runner_output.req_ids):
-            request = self.requests.get(req_id)
-            if request is None or request.is_finished:
+        requests = self.requests
+        logprobs, prompt_logprobs = model_runner_output.logprobs, model_runner_output.prompt_logprobs
+        for req_id, new_token_ids in zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids):
+            request = requests.get(req_id)
+            if request is None or request.status > RequestStatus.PREEMPTED:  # gone or finished meanwhile
                 continue
-            new_token_ids = model_runner_output.sampled_token_ids[i]
             for n, token_id in enumerate(new_token_ids):
-                request.append_output_token_ids([token_id])
+                request.output_token_ids.append(token_id)
+                request.all_token_ids.append(token_id)
                 if self._check_stop(request):
                     new_token_ids = new_token_ids[:n + 1]
                     break
             output = EngineCoreOutput(
                 request_id=req_id,
                 new_token_ids=new_token_ids,
-                new_logprobs=model_runner_output.logprobs.get(req_id),
-                new_prompt_logprobs=model_runner_output.prompt_logprobs.get(req_id),
+                new_logprobs=logprobs.get(req_id) if logprobs else None,
+                new_prompt_logprobs=prompt_logprobs.get(req_id) if prompt_logprobs else None,
                 num_cached_tokens=max(request.num_cached_tokens, 0),
-                first_scheduled_time=request.first_scheduled_time if request.num_output_tokens == 1 else None,
+                first_scheduled_time=request.first_scheduled_time if len(request.output_token_ids) == 1 else None,
             )
-            if request.is_finished:
+            if request.status > RequestStatus.PREEMPTED:
                 output.finish_reason = str(request.get_finished_reason())
                 output.stop_reason = request.stop_reason
                 self._free_request(request)
                 stopped = True
             outputs.append(output)
         # Prompt logprobs of chunks that sampled nothing still travel to the output processor.
-        sampled = set(model_runner_output.req_ids)
-        for req_id, plp in model_runner_output.prompt_logprobs.items():
-            if req_id not in sampled and req_id in self.requests:
-                outputs.append(EngineCoreOutput(request_id=req_id, new_token_ids=[], new_prompt_logprobs=plp))
+        if prompt_logprobs:
+            sampled = set(model_runner_output.req_ids)
+            for req_id, plp in prompt_logprobs.items():
+                if req_id not in sampled and req_id in self.requests:
+                    outputs.append(EngineCoreOutput(request_id=req_id, new_token_ids=[], new_prompt_logprobs=plp))
         if stopped:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
 
     def _check_stop(self, request: Request) -> bool:
         params = request.sampling_params
+        num_output_tokens = len(request.output_token_ids)
         last = request.output_token_ids[-1]
-        if request.num_output_tokens >= params.min_tokens:
+        if num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and last in request.eos_token_ids:
                 request.status = RequestStatus.FINISHED_STOPPED
                 return True
@@ -286,7 +290,7 @@ class Scheduler:
                 request.stop_reason = last
                 return True
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
-        if request.num_tokens >= self.max_model_len or request.num_output_tokens >= max_tokens:
+        if len(request.all_token_ids) >= self.max_model_len or num_output_tokens >= max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
         return False
