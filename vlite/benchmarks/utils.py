@@ -9,26 +9,12 @@ import sys
 from typing import Any, Iterable, Optional, Sequence
 
 from vlite import profiler
+from vlite.entrypoints.cli import _non_negative_int, _positive_int
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be non-negative, got {value}")
-    return value
+# The CLI's validators, shared so every command rejects bad numbers alike.
+positive_int = _positive_int
+non_negative_int = _non_negative_int
 
 
 def range_ratio(text: str) -> float:
