@@ -29,9 +29,6 @@ from vlite.worker.input_batch import InputBatch
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def kv_cache_bytes_per_block(arch: LlamaArchConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * elem
