@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from vlite.benchmarks.datasets import (BenchRequest, load_json_dataset, random_requests, summarize,
                                        tokenizer_special_ids)
-from vlite.benchmarks.utils import jsonable_args, percentile, positive_int, range_ratio, write_json
+from vlite.benchmarks.utils import add_dataset_args, jsonable_args, percentile, positive_int, write_json
 
 HELP = "online serving against a running `vlite serve`: TTFT, TPOT, ITL, E2E and throughput under load"
 DESCRIPTION = ("Online serving benchmark (after `vllm bench serve`): streams requests to a running OpenAI-compatible "
@@ -128,20 +128,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ready-timeout", type=non_negative_float, default=0.0, metavar="S",
                        help="wait up to S seconds for the server to answer /v1/models (e.g. while it loads the "
                             "model); 0: fail at once (default: %(default)s)")
-    group = parser.add_argument_group("dataset options")
-    group.add_argument("--dataset", default="random", choices=["random"],
-                       help="where prompts come from when no --dataset-path is given (default: %(default)s)")
-    group.add_argument("--dataset-path", default=None, metavar="FILE",
-                       help='a JSON list of {"prompt_token_ids": [...], "output_len": n}; overrides --dataset')
-    group.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
-                       help=f"number of requests (default: {DEFAULT_NUM_PROMPTS} random ones, or every entry "
-                            "of --dataset-path)")
-    group.add_argument("--input-len", type=positive_int, default=128, metavar="N",
-                       help="prompt tokens of a random request (default: %(default)s)")
-    group.add_argument("--output-len", type=positive_int, default=128, metavar="N",
-                       help="tokens generated per random request (default: %(default)s)")
-    group.add_argument("--range-ratio", type=range_ratio, default=0.0, metavar="R",
-                       help="random lengths are uniform in [(1-R)*len, (1+R)*len] (default: %(default)s)")
+    group = add_dataset_args(parser, DEFAULT_NUM_PROMPTS)
     group.add_argument("--seed", type=int, default=0, metavar="SEED",
                        help="seed of the random prompts and of the arrival times (default: %(default)s)")
     group = parser.add_argument_group("traffic options")

@@ -26,8 +26,8 @@ from typing import Any, Optional
 
 from vlite.benchmarks.datasets import (BenchRequest, load_json_dataset, random_requests, summarize,
                                        tokenizer_special_ids)
-from vlite.benchmarks.utils import (add_output_args, finish_profiler, jsonable_args, positive_int, print_block,
-                                    range_ratio, setup_profiler, write_json)
+from vlite.benchmarks.utils import (add_dataset_args, add_output_args, finish_profiler, jsonable_args, positive_int,
+                                    print_block, setup_profiler, write_json)
 from vlite.entrypoints.cli import _add_common_args, _configure_quiet, add_engine_args, engine_args_from_cli
 
 HELP = "offline throughput: requests/s and tokens/s of one LLM.generate (optionally vs transformers)"
@@ -40,20 +40,7 @@ DEFAULT_NUM_PROMPTS = 64
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("dataset options")
-    group.add_argument("--dataset", default="random", choices=["random"],
-                       help="where prompts come from when no --dataset-path is given (default: %(default)s)")
-    group.add_argument("--dataset-path", default=None, metavar="FILE",
-                       help='a JSON list of {"prompt_token_ids": [...], "output_len": n}; overrides --dataset')
-    group.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
-                       help=f"number of requests (default: {DEFAULT_NUM_PROMPTS} random ones, or every entry "
-                            "of --dataset-path)")
-    group.add_argument("--input-len", type=positive_int, default=128, metavar="N",
-                       help="prompt tokens of a random request (default: %(default)s)")
-    group.add_argument("--output-len", type=positive_int, default=128, metavar="N",
-                       help="tokens generated per random request (default: %(default)s)")
-    group.add_argument("--range-ratio", type=range_ratio, default=0.0, metavar="R",
-                       help="random lengths are uniform in [(1-R)*len, (1+R)*len] (default: %(default)s)")
+    group = add_dataset_args(parser, DEFAULT_NUM_PROMPTS)
     group = parser.add_argument_group("benchmark options")
     group.add_argument("--temperature", type=float, default=1.0, metavar="T",
                        help="sampling temperature of vlite's requests; 0 is greedy, as transformers runs "

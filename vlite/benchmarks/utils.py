@@ -27,6 +27,25 @@ def range_ratio(text: str) -> float:
     return value
 
 
+def add_dataset_args(parser: argparse.ArgumentParser, default_num_prompts: int) -> Any:
+    """The dataset flags shared by the offline and the serving benchmark; returns their group."""
+    group = parser.add_argument_group("dataset options")
+    group.add_argument("--dataset", default="random", choices=["random"],
+                       help="where prompts come from when no --dataset-path is given (default: %(default)s)")
+    group.add_argument("--dataset-path", default=None, metavar="FILE",
+                       help='a JSON list of {"prompt_token_ids": [...], "output_len": n}; overrides --dataset')
+    group.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
+                       help=f"number of requests (default: {default_num_prompts} random ones, or every entry "
+                            "of --dataset-path)")
+    group.add_argument("--input-len", type=positive_int, default=128, metavar="N",
+                       help="prompt tokens of a random request (default: %(default)s)")
+    group.add_argument("--output-len", type=positive_int, default=128, metavar="N",
+                       help="tokens generated per random request (default: %(default)s)")
+    group.add_argument("--range-ratio", type=range_ratio, default=0.0, metavar="R",
+                       help="random lengths are uniform in [(1-R)*len, (1+R)*len] (default: %(default)s)")
+    return group
+
+
 def add_output_args(parser: argparse.ArgumentParser, profile: bool = True) -> None:
     group = parser.add_argument_group("report options")
     group.add_argument("--output-json", default=None, metavar="FILE", help="also save the results as JSON to FILE")
