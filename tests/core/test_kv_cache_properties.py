@@ -468,7 +468,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
         assert len(so.num_scheduled_tokens) <= cfg.max_num_seqs
         assert so.preempted_req_ids.isdisjoint(so.num_scheduled_tokens)
-        if so.preempted_req_ids:
+        if so.preempted_req_ids and not sched.suspects:  # isolation puts a cleared suspect back
             assert not so.scheduled_new_reqs, "nothing is admitted in a step that preempts"
         if cfg.policy == "fcfs":
             arrivals = [sched.requests[d.req_id].arrival_time for d in so.scheduled_new_reqs]
@@ -486,6 +486,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                                                                    if rid in mro.req_ids else [])
             assert self.runner.num_computed[rid] == req.num_computed_tokens
         outs = sched.update_from_output(so, mro)
+        sched.on_step_succeeded(so)
+        if sched.suspects:
+            assert len(sched.running) <= 1, "isolation runs one request at a time"
         sampled = dict(zip(mro.req_ids, mro.sampled_token_ids))
         for out in outs:
             rid = out.request_id
@@ -528,6 +531,28 @@ class SchedulerMachine(RuleBasedStateMachine):
     def step(self, n):
         for _ in range(n):
             self._step()
+
+    @precondition(lambda self: self.sched is not None and self.sched.has_unfinished_requests())
+    @rule()
+    def failed_step(self):
+        """The runner raises before its forward (nothing written): the step's lone request fails,
+        or all running requests are recomputed with the scheduled ones isolated."""
+        sched = self.sched
+        so = sched.schedule()
+        self.runner.tokens.clear()  # the real runner discards its batch state (ModelRunner.reset)
+        self.runner.block_ids.clear()
+        self.runner.num_computed.clear()
+        scheduled = set(so.num_scheduled_tokens)
+        failed = sched.handle_step_failure(so)
+        assert not sched.running
+        if len(scheduled) == 1:
+            assert {r.request_id for r in failed} == scheduled
+        else:
+            assert not failed and scheduled <= set(sched.suspects)
+        for req in failed:
+            assert req.status == RequestStatus.FINISHED_ERROR and req.request_id not in self.kv.req_to_blocks
+            self.done[req.request_id] = "error"
+        assert self.kv.get_num_free_blocks() == self.kv.num_blocks
 
     @precondition(lambda self: self.sched is not None)
     @rule(data=st.data())

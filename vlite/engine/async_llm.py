@@ -174,8 +174,14 @@ class AsyncLLM:
         if msg.stats is not None:
             self.latest_stats = msg.stats
         iteration_stats = None
-        if msg.outputs:
-            processed = self.output_processor.process_outputs(msg.outputs)
+        outputs = msg.outputs
+        if any(o.error is not None for o in outputs):  # failed alone inside the engine
+            for o in outputs:
+                if o.error is not None:
+                    self._fail_request(o.request_id, o.error)
+            outputs = [o for o in outputs if o.error is None]
+        if outputs:
+            processed = self.output_processor.process_outputs(outputs)
             iteration_stats = processed.iteration_stats
             for out in processed.request_outputs:
                 queue = self._queues.get(out.request_id)

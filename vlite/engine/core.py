@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Iterable
 
 from vlite.core.kv_cache_manager import KVCacheManager
-from vlite.core.sched.output import EngineCoreOutput
+from vlite.core.sched.output import EngineCoreOutput, SchedulerOutput
 from vlite.core.sched.scheduler import Scheduler, SchedulerStats
 from vlite.engine.arg_utils import LoadedEngineConfig
 from vlite.engine.input_processor import EngineCoreRequest
 from vlite.profiler import section
-from vlite.request import Request, RequestStatus
+from vlite.request import FinishReason, Request, RequestStatus
 from vlite.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -42,11 +43,29 @@ class EngineCore:
             return []
         with section("schedule"):
             scheduler_output = self.scheduler.schedule()
-        self.model_runner.execute_model(scheduler_output)
-        with section("sample"):
-            model_output = self.model_runner.sample_tokens()
+        try:
+            self.model_runner.execute_model(scheduler_output)
+            with section("sample"):
+                model_output = self.model_runner.sample_tokens()
+        except Exception as e:
+            return self._handle_step_failure(scheduler_output, e)
         with section("update_from_output"):
-            return self.scheduler.update_from_output(scheduler_output, model_output)
+            outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        self.scheduler.on_step_succeeded(scheduler_output)
+        return outputs
+
+    def _handle_step_failure(self, scheduler_output: SchedulerOutput, error: Exception) -> list[EngineCoreOutput]:
+        """A request whose processing raises fails alone; the others resume (see Scheduler.handle_step_failure)."""
+        scheduled = list(scheduler_output.num_scheduled_tokens)
+        logger.error("engine step with %d request(s) raised: %s", len(scheduled),
+                     "".join(traceback.format_exception(error)))
+        self.model_runner.reset()
+        failed = self.scheduler.handle_step_failure(scheduler_output)
+        if not failed:
+            logger.warning("running %d request(s) alone to find the one that fails", len(scheduled))
+        message = f"{type(error).__name__}: {error}"
+        return [EngineCoreOutput(request_id=r.request_id, new_token_ids=[], finish_reason=str(FinishReason.ERROR),
+                                 error=message) for r in failed]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -70,10 +70,13 @@ class EngineCoreProc:
         try:
             outputs = core.step()
         except Exception as e:
-            # Fail what was in flight, keep serving: the next step starts from clean batch state.
+            # Outside the model runner (a request failing there fails alone, see EngineCore.step):
+            # fail what was in flight, keep serving from a clean batch and an empty prefix cache.
             logger.error("engine step failed: %s", traceback.format_exc())
             ids = list(core.scheduler.requests)
             core.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+            core.model_runner.reset()
+            core.reset_prefix_cache()
             self._send(EngineCoreOutputs(stats=core.make_stats(),
                                          failed_requests={i: f"engine step failed: {e}" for i in ids}))
             return

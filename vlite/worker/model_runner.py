@@ -11,6 +11,7 @@ metadata, the forward, and logits at logits_indices only. sample_tokens() then r
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -67,10 +68,22 @@ class ModelRunner:
         shape = get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(arch.num_hidden_layers)]
         max_blocks_per_req = -(-(max_model_len + 1) // block_size)
-        self.input_batch = InputBatch(max_num_reqs, max_model_len, max_blocks_per_req, arch.vocab_size)
+        self._input_batch_args = (max_num_reqs, max_model_len, max_blocks_per_req, arch.vocab_size)
+        self.input_batch = InputBatch(*self._input_batch_args)
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
         self._step: Optional[_StepState] = None
+        # Fault injection for reliability tests: a step computing this token id raises.
+        fault = os.environ.get("VLITE_FAULT_INJECT_TOKEN_ID")
+        self._fault_token_id = int(fault) if fault else None
+
+    def reset(self) -> None:
+        """Forget the batch after a step raised: the scheduler re-sends every request as new.
+
+        Request states are kept, so a seeded request's generator continues where it was.
+        """
+        self.input_batch = InputBatch(*self._input_batch_args)
+        self._step = None
 
     # ---- execute_model -------------------------------------------------------------------
 
@@ -82,6 +95,8 @@ class ModelRunner:
             if scheduler_output.total_num_scheduled_tokens == 0:
                 return
             inputs = self._prepare_inputs(scheduler_output)
+            if self._fault_token_id is not None and bool((inputs["input_ids"] == self._fault_token_id).any()):
+                raise RuntimeError(f"injected fault: token id {self._fault_token_id} scheduled")
         with section("forward"):  # the paged_attention calls inside are timed as "attention"
             hidden = self.model(inputs["input_ids"], inputs["positions"], self.kv_caches, inputs["attn_metadata"])
             logits = self.model.compute_logits(hidden[inputs["logits_indices"]])

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Optional
 from dataclasses import dataclass
 
 import httpx
@@ -78,13 +79,14 @@ class Server:
         return out
 
 
-def start_server(tmp_path_factory, *extra: str) -> Server:
+def start_server(tmp_path_factory, *extra: str, env: Optional[dict[str, str]] = None) -> Server:
     port = free_port()
     log_path = str(tmp_path_factory.mktemp("server") / "server.log")
     log = open(log_path, "w")
     cmd = [sys.executable, "-m", "vlite", "serve", "--dtype", "float32", "--port", str(port), "--api-key", API_KEY,
            "--uvicorn-log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while time.time() < deadline:

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.entrypoints.openai.conftest import pid_alive, start_server
+from tests.entrypoints.openai.conftest import pid_alive, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -250,6 +250,49 @@ def test_engine_death_fails_requests_and_exits(tmp_path_factory):
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
+
+
+def test_request_raising_in_engine_fails_alone(tmp_path_factory):
+    poison = 49151  # VLITE_FAULT_INJECT_TOKEN_ID: the runner raises in any step computing it
+    srv = start_server(tmp_path_factory, env={"VLITE_FAULT_INJECT_TOKEN_ID": str(poison)})
+
+    async def stream_text(client: httpx.AsyncClient, prompt: str) -> tuple[str, list[dict]]:
+        body = {"prompt": prompt, "max_tokens": 40, "ignore_eos": True, "temperature": 0, "stream": True}
+        events = []
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line[6:]))
+        return "".join(e["choices"][0]["text"] for e in events if e.get("choices")), events
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=srv.url, headers=srv.headers, timeout=120) as client:
+            prompts = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
+            alone = [(await stream_text(client, p))[0] for p in prompts]
+            streams = [asyncio.create_task(stream_text(client, p)) for p in prompts]
+            await asyncio.sleep(0.5)  # they are decoding now; the poisoned requests join their batch
+            bad = {"prompt": [504, 3458, poison, 30], "max_tokens": 8}
+            r_plain = await client.post("/v1/completions", json=bad)
+            async with client.stream("POST", "/v1/completions", json={**bad, "stream": True}) as r:
+                bad_lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+            together = await asyncio.gather(*streams)
+            return alone, together, r_plain, bad_lines
+
+    try:
+        alone, together, r_plain, bad_lines = asyncio.run(scenario())
+        assert r_plain.status_code == 500, r_plain.text
+        assert "injected fault" in r_plain.json()["error"]["message"]
+        assert any('"error"' in line for line in bad_lines), bad_lines
+        for (text, events), text_alone in zip(together, alone):
+            assert not any("error" in e for e in events)
+            assert text == text_alone  # greedy, float32: the same 40 tokens as when run alone
+        assert httpx.get(f"{srv.url}/health", timeout=5).status_code == 200
+        m = srv.metrics()
+        assert m["vllm:kv_cache_usage_perc"] == 0 and m["vllm:num_requests_running"] == 0
+        log = open(srv.log_path).read()
+        assert "alone to find the one that fails" in log  # the fault hit a batch, not a lone request
+    finally:
+        assert stop_server(srv) == 0
 
 
 def test_serve_help_documents_every_flag():

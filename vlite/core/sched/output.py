@@ -73,6 +73,8 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     # Wall time the request was first scheduled; sent with its first output (queue-time metric).
     first_scheduled_time: float | None = None
+    # With finish_reason "error": why the engine failed this request (it failed alone).
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -8,6 +8,7 @@ requests decode in the same batch. Pure Python bookkeeping: no torch here.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -48,6 +49,9 @@ class Scheduler:
         # Finished since the last schedule(); the runner drops them from its batch.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        # Fault isolation: after a step raised with several requests in it, these run one at a
+        # time (head first) until each has survived a sampling step alone or failed alone.
+        self.suspects: deque[str] = deque()
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -91,6 +95,13 @@ class Scheduler:
     # ---- schedule ------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        while self.suspects and self.suspects[0] not in self.requests:  # finished or aborted meanwhile
+            self.suspects.popleft()
+        if self.suspects:
+            return self._schedule_isolated(self.requests[self.suspects[0]])
+        return self._schedule()
+
+    def _schedule(self) -> SchedulerOutput:
         token_budget = self.config.max_num_batched_tokens
         num_scheduled_tokens: dict[str, int] = {}
         new_blocks_of: dict[str, list[int]] = {}
@@ -234,6 +245,82 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
+
+    # ---- fault isolation -----------------------------------------------------------------
+
+    def _schedule_isolated(self, suspect: Request) -> SchedulerOutput:
+        """Schedule the head suspect alone: the normal schedule over queues holding only it.
+
+        A suspect cleared in an earlier step goes back to `waiting` first (its blocks stay in
+        the prefix cache) and is reported as preempted so the runner drops its row. Requests that
+        arrive meanwhile queue as usual and start when isolation ends.
+        """
+        cleared = [r for r in self.running if r is not suspect]
+        if cleared:
+            self.running = [r for r in self.running if r is suspect]
+            self._requeue(cleared)
+        saved = self.waiting, self.skipped_waiting
+        self.waiting, self.skipped_waiting = create_request_queue(self.policy), create_request_queue(self.policy)
+        if suspect.status != RequestStatus.RUNNING:
+            for queue in saved:
+                if suspect in queue:
+                    queue.remove_request(suspect)
+                    break
+            self.waiting.add_request(suspect)
+        try:
+            output = self._schedule()
+        finally:
+            if suspect.status != RequestStatus.RUNNING and not suspect.is_finished:
+                saved[0].prepend_request(suspect)  # could not start (e.g. no free blocks yet)
+            self.waiting, self.skipped_waiting = saved
+        output.preempted_req_ids |= {r.request_id for r in cleared}
+        return output
+
+    def _requeue(self, requests: list[Request]) -> None:
+        """Back to `waiting` without their blocks, not counted as preemptions (fault recovery).
+
+        FCFS keeps `waiting` in arrival order; the priority heap orders them itself.
+        """
+        for request in requests:
+            self.kv_cache_manager.free(request)
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+        if self.policy == SchedulingPolicy.FCFS:
+            merged = sorted([*self.waiting, *requests], key=lambda r: r.arrival_time)
+            self.waiting = create_request_queue(self.policy)
+            for request in merged:
+                self.waiting.add_request(request)
+        else:
+            for request in requests:
+                self.waiting.add_request(request)
+
+    def handle_step_failure(self, scheduler_output: SchedulerOutput) -> list[Request]:
+        """The step for `scheduler_output` raised after scheduling. Returns the requests failed.
+
+        A request that was alone in the step is the cause: it finishes with FINISHED_ERROR. With
+        several, the culprit is unknown: they become suspects and run alone, one at a time. The
+        runner's batch state is discarded, so every running request returns to `waiting` and
+        resumes with the tokens it has.
+        """
+        scheduled = [r for r in scheduler_output.num_scheduled_tokens if r in self.requests]
+        failed: list[Request] = []
+        if len(scheduled) == 1:
+            failed = self.finish_requests(scheduled, RequestStatus.FINISHED_ERROR)
+        self._requeue(self.running)
+        self.running = []
+        # Blocks hashed when allocated for this step may never have received their K/V.
+        reset = self.kv_cache_manager.reset_prefix_cache()
+        assert reset, "every block is free once nothing runs"
+        if len(scheduled) > 1:
+            known = set(scheduled)
+            self.suspects = deque(scheduled + [r for r in self.suspects if r not in known])
+        return failed
+
+    def on_step_succeeded(self, scheduler_output: SchedulerOutput) -> None:
+        """In isolation, a suspect that sampled alone without raising is cleared."""
+        if self.suspects and (self.suspects[0] not in self.requests
+                              or self.suspects[0] in scheduler_output.sample_req_ids):
+            self.suspects.popleft()
 
     # ---- update --------------------------------------------------------------------------
 
