@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+_QUANTIZATION = ("none", "int8", "int4")  # none + vlite.layers.quantization.QUANTIZATION_METHODS
 
 
 def cpu_supports_bf16() -> bool:
@@ -25,10 +26,14 @@ class ModelConfig:
     max_model_len: Optional[int] = None  # prompt + output tokens; None: the model's own limit
     seed: int = 0
     chat_template: Optional[str] = None
+    # Weight-only "int8" / "int4", "none" (dense), or None: automatic (vlite.layers.quantization).
+    quantization: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in _QUANTIZATION:
+            raise ValueError(f"quantization must be one of {_QUANTIZATION} or None, got {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}")
 
@@ -42,9 +47,12 @@ class ModelConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
-    kv_cache_memory_bytes: Optional[int] = None  # size of the KV pool; None: DEFAULT_KV_CACHE_BYTES
+    kv_cache_memory_bytes: Optional[int] = None  # size of the KV pool; None: see kv_bytes()
     enable_prefix_caching: bool = True
 
+    # Default pool: room for this many tokens (twice the default model's context), at most
+    # DEFAULT_KV_CACHE_BYTES. Allocated up front, so it is most of the engine's memory.
+    DEFAULT_KV_CACHE_TOKENS = 16384
     DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -53,9 +61,10 @@ class CacheConfig:
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}")
 
-    @property
-    def kv_bytes(self) -> int:
-        return self.kv_cache_memory_bytes or self.DEFAULT_KV_CACHE_BYTES
+    def kv_bytes(self, bytes_per_token: int) -> int:
+        if self.kv_cache_memory_bytes is not None:
+            return self.kv_cache_memory_bytes
+        return min(self.DEFAULT_KV_CACHE_BYTES, self.DEFAULT_KV_CACHE_TOKENS * bytes_per_token)
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,18 @@ def test_greedy_matches_transformers(prompts, references, block_size, max_num_se
     assert metrics["kv_cache_usage_perc"] == 0.0
 
 
-def test_bfloat16_agrees_with_float32(prompts, references):
-    """Teacher-forced: score each float32 greedy continuation with bf16; count top-1 agreement."""
-    llm = LLM(dtype="bfloat16", max_num_batched_tokens=256)
+# Measured: bf16 510/512, int8 504/512, int4 507/512 (float32 activations with int4 weights: 506/512).
+@pytest.mark.parametrize("dtype,quantization,min_rate", [
+    ("bfloat16", None, 0.98), ("bfloat16", "int8", 0.96), ("bfloat16", "int4", 0.96)])
+def test_lower_precision_agrees_with_float32(prompts, references, dtype, quantization, min_rate):
+    """Teacher-forced: score each float32 greedy continuation with bf16 / quantized weights; count
+    top-1 agreement and the largest logprob gap of float32's choice."""
+    llm = LLM(dtype=dtype, quantization=quantization, max_num_batched_tokens=256)
     seqs = [p + ref.token_ids for p, ref in zip(prompts, references)]
     outputs = llm.generate([{"prompt_token_ids": s} for s in seqs],
                            SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1), use_tqdm=False)
     total = matched = 0
+    gaps = []
     for prompt, ref, out in zip(prompts, references, outputs):
         plp = out.prompt_logprobs
         assert plp[0] is None and len(plp) == len(prompt) + MAX_NEW
@@ -52,8 +57,12 @@ def test_bfloat16_agrees_with_float32(prompts, references):
             best = next(t for t, lp in entry.items() if lp.rank == 1)
             total += 1
             matched += best == token
-            # The bf16 logprob of the float32 choice stays close to float32's.
-            assert abs(entry[token].logprob - float(ref.logprobs[j][token])) < 0.5
+            gaps.append(abs(entry[token].logprob - float(ref.logprobs[j][token])))
     rate = matched / total
-    print(f"bfloat16 vs float32 greedy, teacher-forced top-1 agreement: {matched}/{total} ({rate:.1%})")
-    assert rate > 0.9, f"bfloat16 agrees with float32 on only {rate:.1%} of tokens"
+    gaps.sort()
+    print(f"{dtype} weights={quantization or dtype} vs float32 greedy, teacher-forced top-1 agreement: "
+          f"{matched}/{total} ({rate:.1%}); |logprob gap| of float32's token: median {gaps[len(gaps) // 2]:.4f}, "
+          f"max {gaps[-1]:.3f}")
+    assert rate >= min_rate, f"agrees with float32 on only {rate:.1%} of tokens"
+    # The logprob of the float32 choice stays close to float32's.
+    assert gaps[-1] < 1.0 and gaps[len(gaps) // 2] < 0.1

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Optional
 
 from vlite.config import CacheConfig, ModelConfig, SchedulerConfig, VliteConfig
 from vlite.model_loader import LlamaArchConfig, ResolvedModel, load_model_weights, resolve_model
 
+if TYPE_CHECKING:  # torch loads only where the model runs (the engine-core process), not in the API process
+    import torch
+
+    from vlite.layers.quantization import QuantizationPlan
+
 logger = logging.getLogger("vlite")
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -31,6 +33,7 @@ class EngineArgs:
     max_num_partial_prefills: int = 1
     seed: int = 0
     chat_template: Optional[str] = None
+    quantization: Optional[str] = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -43,7 +46,8 @@ class EngineArgs:
     def create_engine_config(self) -> LoadedEngineConfig:
         """Resolve and load the model, then size everything that depends on it."""
         model_config = ModelConfig(model=self.model, dtype=self.dtype, max_model_len=self.max_model_len,
-                                   seed=self.seed, chat_template=self.chat_template)
+                                   seed=self.seed, chat_template=self.chat_template,
+                                   quantization=self.quantization)
         cache_config = CacheConfig(block_size=self.block_size, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                                    enable_prefix_caching=self.enable_prefix_caching)
         # Validate the scheduler knobs before the (slow) model load.
@@ -51,15 +55,21 @@ class EngineArgs:
                         policy=self.scheduling_policy, long_prefill_token_threshold=self.long_prefill_token_threshold,
                         max_num_partial_prefills=self.max_num_partial_prefills)
         resolved = resolve_model(self.model)
-        torch_dtype = _TORCH_DTYPES[model_config.torch_dtype_name]
+        import torch
+
+        from vlite.layers.quantization import plan_quantization
+
+        torch_dtype = getattr(torch, model_config.torch_dtype_name)
         arch, weights = load_model_weights(resolved, torch_dtype)
+        quantization = plan_quantization(self.quantization, arch.source_quantization, torch_dtype)
 
         from vlite.worker.model_runner import kv_cache_bytes_per_block
 
         bytes_per_block = kv_cache_bytes_per_block(arch, self.block_size, torch_dtype)
-        num_blocks = cache_config.kv_bytes // bytes_per_block
+        kv_bytes = cache_config.kv_bytes(bytes_per_block // self.block_size)
+        num_blocks = kv_bytes // bytes_per_block
         if num_blocks < 1:
-            raise ValueError(f"kv_cache_memory_bytes ({cache_config.kv_bytes}) is smaller than one KV block "
+            raise ValueError(f"kv_cache_memory_bytes ({kv_bytes}) is smaller than one KV block "
                              f"({bytes_per_block} bytes at block_size={self.block_size})")
         capacity = num_blocks * self.block_size
         max_model_len = self.max_model_len or min(arch.max_position_embeddings, capacity)
@@ -74,12 +84,13 @@ class EngineArgs:
             max_model_len=max_model_len, policy=self.scheduling_policy,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             max_num_partial_prefills=self.max_num_partial_prefills)
-        logger.info("vlite: model %s (%s), KV cache %d blocks x %d tokens = %d tokens (%.1f MiB), max_model_len %d",
-                    resolved.name, model_config.torch_dtype_name, num_blocks, self.block_size, capacity,
+        logger.info("vlite: model %s (%s%s), KV cache %d blocks x %d tokens = %d tokens (%.1f MiB), max_model_len %d",
+                    resolved.name, model_config.torch_dtype_name,
+                    f", linear weights: {quantization.describe()}", num_blocks, self.block_size, capacity,
                     num_blocks * bytes_per_block / 2**20, max_model_len)
         return LoadedEngineConfig(
             config=VliteConfig(model_config, cache_config, scheduler_config), resolved=resolved, arch=arch,
-            weights=weights, torch_dtype=torch_dtype, num_kv_blocks=num_blocks,
+            weights=weights, torch_dtype=torch_dtype, quantization=quantization, num_kv_blocks=num_blocks,
             eos_token_ids=tuple(arch.eos_token_ids))
 
 
@@ -92,6 +103,7 @@ class LoadedEngineConfig:
     arch: LlamaArchConfig
     weights: dict[str, torch.Tensor] = field(repr=False)
     torch_dtype: torch.dtype
+    quantization: QuantizationPlan
     num_kv_blocks: int
     eos_token_ids: tuple[int, ...]
 

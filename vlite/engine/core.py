@@ -26,7 +26,8 @@ class EngineCore:
         self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager)
         self.model_runner = ModelRunner(
             loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks, cache.block_size,
-            cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids)
+            cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids,
+            loaded.quantization)
         loaded.weights = {}  # the model holds what it needs; drop the loader's references
 
     def add_request(self, request: EngineCoreRequest) -> None:

@@ -16,7 +16,6 @@ from typing import Any
 import zmq
 
 from vlite.engine.arg_utils import EngineArgs
-from vlite.engine.core import EngineCore
 from vlite.engine.core_messages import (EngineCoreOutputs, EngineCoreRequestType, EngineReady, UtilityCall,
                                         decode_request, encode)
 from vlite.request import RequestStatus
@@ -34,6 +33,8 @@ class EngineCoreProc:
         self.output_socket = self.ctx.socket(zmq.PUSH)
         self.output_socket.connect(output_addr)
         try:
+            from vlite.engine.core import EngineCore  # torch and the model: this process only
+
             loaded = engine_args.create_engine_config()
             self.engine_core = EngineCore(loaded)
         except Exception as e:  # report load failures to the API process, then exit

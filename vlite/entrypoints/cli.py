@@ -95,6 +95,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
                        help="weight and activation dtype; auto picks bfloat16 where the CPU has native bf16, "
                             "else float32 (default: %(default)s)")
+    group.add_argument("--quantization", "-q", default=d.quantization, choices=["none", "int8", "int4"],
+                       help="weight-only quantization of the linear layers: int8 (per channel) or int4 (groups "
+                            "of 32; LM head int8) for every step, or none (dense --dtype weights). Default: "
+                            "automatic: a Q4_1 GGUF model in bfloat16 keeps its own 4-bit weights for steps of "
+                            "at most 16 tokens (memory-bound decoding) and dense weights above; else dense")
     group.add_argument("--max-model-len", type=_positive_int, default=d.max_model_len, metavar="N",
                        help="most tokens (prompt + output) of one request; default: the model's limit, capped by "
                             "the KV cache")
@@ -106,7 +111,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="tokens per KV cache block (default: %(default)s)")
     group.add_argument("--kv-cache-memory", type=parse_size, default=d.kv_cache_memory_bytes, metavar="BYTES",
                        help="size of the KV cache pool in bytes; accepts suffixes: 512M, 1G, 1GiB (powers of "
-                            "1024), 500MB (powers of 1000); default: 512MiB")
+                            "1024), 500MB (powers of 1000); default: room for 16,384 tokens, at most 512MiB (368MiB "
+                            "for the default model in bfloat16)")
     group.add_argument("--seed", type=int, default=d.seed, metavar="SEED",
                        help="random seed of the engine, and so of sampling (default: %(default)s)")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,

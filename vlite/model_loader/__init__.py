@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from vlite.model_loader.arch_config import LlamaArchConfig
 from vlite.model_loader.resolve import ResolvedModel, default_model_path, resolve_model
 from vlite.model_loader.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "LlamaArchConfig",

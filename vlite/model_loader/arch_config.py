@@ -43,6 +43,9 @@ class LlamaArchConfig:
     eos_token_ids: tuple[int, ...]
     attention_bias: bool = False
     mlp_bias: bool = False
+    # GGUF type of the linear layers' weights in the source file ("Q4_1", ...; "mixed"), None for
+    # dense sources. The engine may keep such weights packed (vlite.layers.quantization).
+    source_quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:

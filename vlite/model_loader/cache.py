@@ -16,15 +16,16 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from vlite.model_loader.arch_config import LlamaArchConfig
 
+if TYPE_CHECKING:
+    import torch
+
 logger = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2  # 2: arch_config.json has source_quantization
 
 
 def cache_root() -> Optional[Path]:
@@ -84,12 +85,14 @@ def cached_gguf_weights(source: Path, dtype: torch.dtype,
 
 
 def cached_gguf_tokenizer(source: Path, load: Callable[[], Any]) -> Any:
-    from transformers import AutoTokenizer
+    # The fast-tokenizer class directly: AutoTokenizer imports torch (via transformers' config
+    # classes), which the API server process otherwise never loads.
+    from transformers import PreTrainedTokenizerFast
 
     entry = _entry(source, "tokenizer")
     if entry is not None and (entry / "tokenizer_config.json").exists():
         try:
-            return AutoTokenizer.from_pretrained(str(entry))
+            return PreTrainedTokenizerFast.from_pretrained(str(entry))
         except (OSError, ValueError) as e:
             logger.debug("ignoring unreadable tokenizer cache %s: %s", entry, e)
     tokenizer = load()

@@ -6,6 +6,7 @@ time (in float32, for exactness) and cast to the requested dtype.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -68,6 +69,7 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str
     config = LlamaArchConfig.from_gguf_metadata(reader)
 
     weights: dict[str, torch.Tensor] = {}
+    linear_types: set[str] = set()
     for t in reader.tensors:
         if t.name in _SKIPPED:
             continue
@@ -77,6 +79,8 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str
         # GGUF lists dims fastest-first; numpy (row-major) wants them reversed.
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         arr = dequantize(t.data, t.tensor_type).reshape(shape)
+        if hf_name.endswith("_proj.weight"):
+            linear_types.add(t.tensor_type.name)
         if ".self_attn.q_proj." in hf_name:
             arr = unpermute_qk(arr, config.num_attention_heads)
         elif ".self_attn.k_proj." in hf_name:
@@ -87,6 +91,9 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str
         weights[hf_name] = torch.from_numpy(arr).to(dtype)
 
     _check_complete(path, config, weights)
+    if linear_types:
+        config = dataclasses.replace(
+            config, source_quantization=linear_types.pop() if len(linear_types) == 1 else "mixed")
     return config, weights
 
 

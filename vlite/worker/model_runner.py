@@ -20,6 +20,7 @@ import torch
 
 from vlite.attention.backends.torch_sdpa import build_metadata, get_kv_cache_shape
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
+from vlite.layers.quantization import QuantizationPlan
 from vlite.model_loader import LlamaArchConfig
 from vlite.models.llama import LlamaForCausalLM
 from vlite.profiler import section
@@ -58,13 +59,13 @@ class _StepState:
 class ModelRunner:
     def __init__(self, arch: LlamaArchConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
-                 eos_token_ids: tuple[int, ...]) -> None:
+                 eos_token_ids: tuple[int, ...], quantization: QuantizationPlan = QuantizationPlan(None)) -> None:
         self.arch = arch
         self.dtype = dtype
         self.block_size = block_size
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self.model = LlamaForCausalLM(arch, weights).eval()
+        self.model = LlamaForCausalLM(arch, weights, quantization).eval()
         shape = get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(arch.num_hidden_layers)]
         max_blocks_per_req = -(-(max_model_len + 1) // block_size)
