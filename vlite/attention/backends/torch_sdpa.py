@@ -1,14 +1,16 @@
 """Paged attention for CPU in plain torch.
 
 K/V of this step are written into the paged cache through `slot_mapping`; attention then reads
-each request's K/V back through its block table. Requests are split in two groups, each run as
-one batched `scaled_dot_product_attention` call:
+each request's K/V back through its block table. Requests are split in two groups:
 
-  decodes  (query_len == 1):  q [Nd, H, 1, D]     x  K/V gathered [Nd, H_kv, Ld, D]
-  prefills (query_len  > 1):  q [Np, H, Qmax, D]  x  K/V gathered [Np, H_kv, Lp, D]  (padded)
+  decodes  (query_len == 1):  one batched call, q [Nd, H, 1, D] x K/V gathered [Nd, H_kv, Ld, D]
+  prefills (query_len  > 1):  one SDPA call per request, q [1, H, Q_i, D] x its K/V [1, H_kv, L_i, D]
 
-so a step mixing a long prompt chunk with many decodes does not pad every decode to the chunk.
-The gather indices and masks are built once per step and shared by every layer.
+so a step mixing a long prompt chunk with many decodes does not pad every decode to the chunk,
+and prompt chunks of different lengths are not padded to the longest (at 13 prompts of 64-256
+tokens, padding more than doubled the prefill attention work). A chunk that starts its sequence
+runs with `is_causal` and no mask. The gather indices and masks are built once per step and shared
+by every layer.
 
     block_table row r:  [ b0 | b1 | b2 | ... ]         key position j lives in slot
     slot(j) = block_table[r, j // block_size] * block_size + j % block_size
@@ -31,44 +33,51 @@ from vlite.profiler import section
 
 
 @dataclass
-class _Group:
-    token_idx: torch.Tensor  # [T_g] rows of the step's flat token dimension
-    pad_idx: Optional[torch.Tensor]  # [T_g] rows of the padded [N * Qmax] query buffer (prefills)
+class _DecodeGroup:
+    token_idx: torch.Tensor  # [N] rows of the step's flat token dimension
     num_reqs: int
-    max_query_len: int
     block_idx: torch.Tensor  # [N * blocks] cache blocks to gather, row by row (L = blocks * block_size)
-    mask: torch.Tensor  # [N, 1, Qmax, L] True = attend
+    mask: torch.Tensor  # [N, 1, 1, L] True = attend (a request's own keys)
     max_seq_len: int  # keys of the longest request (all of them when N == 1: no mask needed)
+
+
+@dataclass
+class _PrefillChunk:
+    start: int  # first row in the step's flat token dimension
+    query_len: int
+    seq_len: int  # keys: the tokens before the chunk and the chunk itself
+    block_ids: torch.Tensor  # its cache blocks, in order
+    mask: Optional[torch.Tensor]  # [Q, L] causal, bottom-right aligned; None: the chunk starts the sequence
 
 
 @dataclass
 class TorchSDPAMetadata:
     num_actual_tokens: int
     slot_mapping: torch.Tensor  # [T] where each token's K/V is written
-    decode: Optional[_Group]
-    prefill: Optional[_Group]
+    decode: Optional[_DecodeGroup]
+    prefills: list[_PrefillChunk]
 
 
-def _build_group(rows: torch.Tensor, query_start_loc: torch.Tensor, query_lens: torch.Tensor,
-                 seq_lens: torch.Tensor, block_table: torch.Tensor, block_size: int) -> _Group:
-    q_lens, s_lens = query_lens[rows], seq_lens[rows]
-    n, max_q = int(rows.numel()), int(q_lens.max())
-    num_blocks = -(-int(s_lens.max()) // block_size)
+def _build_decode_group(rows: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                        block_table: torch.Tensor, block_size: int) -> _DecodeGroup:
+    s_lens = seq_lens[rows]
+    max_seq_len = int(s_lens.max())
+    num_blocks = -(-max_seq_len // block_size)
     block_idx = block_table[rows][:, :num_blocks].reshape(-1).long()
-    j = torch.arange(num_blocks * block_size)
-    ctx = (s_lens - q_lens)[:, None, None]  # tokens already in the cache before this step
-    i = torch.arange(max_q)[None, :, None]
-    # Causal: query i (absolute position ctx + i) sees keys 0..ctx+i. Padded query rows attend to
-    # finite garbage and are dropped, which keeps softmax free of all-masked rows.
-    mask = (j[None, None, :] <= ctx + i)[:, None]
-    starts = query_start_loc[rows]
-    token_idx = torch.repeat_interleave(starts, q_lens) + (
-        torch.arange(int(q_lens.sum())) - torch.repeat_interleave(torch.cumsum(q_lens, 0) - q_lens, q_lens))
-    pad_idx = None
-    if max_q > 1:
-        pad_idx = torch.repeat_interleave(torch.arange(n) * max_q, q_lens) + (token_idx - torch.repeat_interleave(
-            starts, q_lens))
-    return _Group(token_idx, pad_idx, n, max_q, block_idx, mask, int(s_lens.max()))
+    mask = (torch.arange(num_blocks * block_size)[None, :] < s_lens[:, None])[:, None, None, :]
+    return _DecodeGroup(query_start_loc[rows], int(rows.numel()), block_idx, mask, max_seq_len)
+
+
+def _build_prefill_chunks(rows: torch.Tensor, query_start_loc: torch.Tensor, query_lens: torch.Tensor,
+                          seq_lens: torch.Tensor, block_table: torch.Tensor, block_size: int) -> list[_PrefillChunk]:
+    chunks = []
+    for row, start, q_len, s_len in zip(rows.tolist(), query_start_loc[rows].tolist(), query_lens[rows].tolist(),
+                                        seq_lens[rows].tolist()):
+        ctx = s_len - q_len  # tokens already in the cache: query i (position ctx + i) sees keys 0..ctx+i
+        mask = None if ctx == 0 else torch.arange(s_len)[None, :] <= ctx + torch.arange(q_len)[:, None]
+        block_ids = block_table[row, :-(-s_len // block_size)].long()
+        chunks.append(_PrefillChunk(start, q_len, s_len, block_ids, mask))
+    return chunks
 
 
 def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
@@ -78,12 +87,13 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
     is_decode = query_lens == 1
     decode_rows = torch.nonzero(is_decode).flatten()
     prefill_rows = torch.nonzero(~is_decode).flatten()
-    args = (query_start_loc[:-1], query_lens, seq_lens, block_table, block_size)
     return TorchSDPAMetadata(
         num_actual_tokens=int(query_start_loc[-1]),
         slot_mapping=slot_mapping,
-        decode=_build_group(decode_rows, *args) if decode_rows.numel() else None,
-        prefill=_build_group(prefill_rows, *args) if prefill_rows.numel() else None,
+        decode=(_build_decode_group(decode_rows, query_start_loc[:-1], seq_lens, block_table, block_size)
+                if decode_rows.numel() else None),
+        prefills=_build_prefill_chunks(prefill_rows, query_start_loc[:-1], query_lens, seq_lens, block_table,
+                                       block_size),
     )
 
 
@@ -101,36 +111,43 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
     kv_cache[1].view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))
 
 
-def _attend(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, g: _Group,
-            scale: float, whole_step: bool) -> torch.Tensor:
-    """Attention output of the group's tokens, in group order [T_g, H, D].
+def _attend_decodes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, g: _DecodeGroup,
+                    scale: float, whole_step: bool) -> torch.Tensor:
+    """Attention output of the group's one-token queries, in group order [N, H, D].
 
     key_cache/value_cache: [H_kv, num_blocks, block_size, D]. `whole_step`: the group is every
     token of the step in order (an all-decode step), so no gather of its queries is needed.
     """
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[0]
-    q = query if whole_step else query[g.token_idx]
-    if g.pad_idx is not None:
-        padded = q.new_zeros(g.num_reqs * g.max_query_len, num_heads, head_dim)
-        padded[g.pad_idx] = q
-        q = padded
-    q = q.view(g.num_reqs, g.max_query_len, num_heads, head_dim)
+    q = (query if whole_step else query[g.token_idx]).view(g.num_reqs, 1, num_heads, head_dim)
     k = key_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)  # [H_kv, N, L, D]
     v = value_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)
-    if g.num_reqs == 1 and g.max_query_len == 1:
+    if g.num_reqs == 1:
         # One decode (single-stream generation): its keys exactly, no mask, float32 SDPA. For
         # bf16 this beats the grouped kernel ~2x at this size (tiny bf16 matmuls are slow here).
         k, v = k[:, :, :g.max_seq_len].transpose(0, 1), v[:, :, :g.max_seq_len].transpose(0, 1)
         o = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.float(), v.float(), scale=scale,
                                            enable_gqa=True).transpose(1, 2).to(query.dtype)
-    elif query.dtype == torch.float32 or g.max_query_len > 1:
+    elif query.dtype == torch.float32:
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(0, 1), v.transpose(0, 1),
                                            attn_mask=g.mask, scale=scale, enable_gqa=True).transpose(1, 2)
     else:
         o = _grouped_attention(q, k, v, g.mask, scale)
-    o = o.reshape(-1, num_heads, head_dim)
-    return o if g.pad_idx is None else o[g.pad_idx]
+    return o.reshape(-1, num_heads, head_dim)
+
+
+def _attend_prefills(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     chunks: list[_PrefillChunk], scale: float, out: torch.Tensor) -> None:
+    """Each prompt chunk against its own keys (no padding), written into `out` at its token rows."""
+    num_kv_heads, head_dim = key_cache.shape[0], key_cache.shape[-1]
+    for c in chunks:
+        k = key_cache.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[None, :, :c.seq_len]
+        v = value_cache.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[None, :, :c.seq_len]
+        q = query[c.start:c.start + c.query_len].transpose(0, 1)[None]  # [1, H, Q, D]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=c.mask, is_causal=c.mask is None, scale=scale,
+                                           enable_gqa=True)
+        out[c.start:c.start + c.query_len] = o[0].transpose(0, 1)
 
 
 def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -158,10 +175,11 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D]."""
     with section("attention"):
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
-        if metadata.prefill is None and metadata.decode is not None:
-            return _attend(query, kv_cache[0], kv_cache[1], metadata.decode, scale, whole_step=True)
+        if not metadata.prefills and metadata.decode is not None:
+            return _attend_decodes(query, kv_cache[0], kv_cache[1], metadata.decode, scale, whole_step=True)
         out = torch.empty_like(query)
-        for group in (metadata.decode, metadata.prefill):
-            if group is not None:
-                out[group.token_idx] = _attend(query, kv_cache[0], kv_cache[1], group, scale, whole_step=False)
+        if metadata.decode is not None:
+            out[metadata.decode.token_idx] = _attend_decodes(query, kv_cache[0], kv_cache[1], metadata.decode,
+                                                             scale, whole_step=False)
+        _attend_prefills(query, kv_cache[0], kv_cache[1], metadata.prefills, scale, out)
         return out
