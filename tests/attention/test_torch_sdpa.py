@@ -1,9 +1,9 @@
 """Paged attention (writes through slot_mapping, reads through block tables) against plain attention.
 
 A step mixes one-token decodes, prompt chunks that start their sequence and chunks continuing one
-(cached context), over a shuffled block table; every path (batched decodes, the single-decode
-float32 path, per-chunk prefills, bf16 grouped matmuls) must equal softmax(q k^T / sqrt(D)) v
-computed request by request on the unpaged K/V.
+(cached context), over a shuffled block table; every path (the C++ decode kernel, and without it
+batched decodes, the single-decode float32 path, bf16 grouped matmuls; per-chunk prefills) must
+equal softmax(q k^T / sqrt(D)) v computed request by request on the unpaged K/V.
 """
 
 from __future__ import annotations
@@ -11,9 +11,22 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vlite.attention.backends import cpu_decode_attention, torch_sdpa
 from vlite.attention.backends.torch_sdpa import build_metadata, get_kv_cache_shape, paged_attention
 
-H, H_KV, D, BS, NUM_BLOCKS = 6, 2, 16, 4, 64
+H, H_KV, D, BS, NUM_BLOCKS = 6, 2, 16, 4, 1024
+
+
+@pytest.fixture(params=["torch", "cpp"], autouse=True)
+def decode_path(request, monkeypatch):
+    """Run every test with the torch decode path and with the C++ kernel (where it builds here)."""
+    kernel = None
+    if request.param == "cpp":
+        kernel = cpu_decode_attention.load()
+        if kernel is None:
+            pytest.skip("the C++ decode kernel is not available on this machine")
+    monkeypatch.setattr(torch_sdpa, "_decode_kernel", kernel)
+    return request.param
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int) -> torch.Tensor:
@@ -67,6 +80,7 @@ def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0) ->
 @pytest.mark.parametrize("specs", [
     [(9, 1)],  # one decode
     [(9, 1), (0, 1), (30, 1), (3, 1)],  # decodes of different lengths (one with no context)
+    [(c, 1) for c in range(0, 160, 7)],  # many decodes, contexts across many blocks
     [(0, 7)],  # a prompt chunk that starts its sequence
     [(0, 7), (5, 6), (12, 3), (0, 2)],  # fresh and continuing chunks
     [(9, 1), (0, 7), (17, 1), (5, 6), (2, 1)],  # everything in one step

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from vlite.attention.backends.torch_sdpa import build_metadata, get_kv_cache_shape
+from vlite.attention.backends.torch_sdpa import build_metadata, get_kv_cache_shape, load_kernels
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from vlite.layers.quantization import QuantizationPlan
 from vlite.model_loader import LlamaArchConfig
@@ -66,6 +66,7 @@ class ModelRunner:
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.model = LlamaForCausalLM(arch, weights, quantization).eval()
+        load_kernels()
         shape = get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(arch.num_hidden_layers)]
         max_blocks_per_req = -(-(max_model_len + 1) // block_size)

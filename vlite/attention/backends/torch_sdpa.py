@@ -29,7 +29,17 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from vlite.attention.backends import cpu_decode_attention
 from vlite.profiler import section
+
+# The C++ decode kernel (cpu_decode_attention), or None: set by load_kernels() at engine start.
+_decode_kernel = None
+
+
+def load_kernels() -> None:
+    """Compile/load the optional C++ decode kernel now rather than in the first step."""
+    global _decode_kernel
+    _decode_kernel = cpu_decode_attention.load()
 
 
 @dataclass
@@ -39,6 +49,8 @@ class _DecodeGroup:
     block_idx: torch.Tensor  # [N * blocks] cache blocks to gather, row by row (L = blocks * block_size)
     mask: torch.Tensor  # [N, 1, 1, L] True = attend (a request's own keys)
     max_seq_len: int  # keys of the longest request (all of them when N == 1: no mask needed)
+    block_table: torch.Tensor  # [N, max_blocks] int64, for the C++ kernel
+    seq_lens: torch.Tensor  # [N] int64
 
 
 @dataclass
@@ -65,7 +77,8 @@ def _build_decode_group(rows: torch.Tensor, query_start_loc: torch.Tensor, seq_l
     num_blocks = -(-max_seq_len // block_size)
     block_idx = block_table[rows][:, :num_blocks].reshape(-1).long()
     mask = (torch.arange(num_blocks * block_size)[None, :] < s_lens[:, None])[:, None, None, :]
-    return _DecodeGroup(query_start_loc[rows], int(rows.numel()), block_idx, mask, max_seq_len)
+    return _DecodeGroup(query_start_loc[rows], int(rows.numel()), block_idx, mask, max_seq_len,
+                        block_table[rows].long(), s_lens.long())
 
 
 def _build_prefill_chunks(rows: torch.Tensor, query_start_loc: torch.Tensor, query_lens: torch.Tensor,
@@ -120,6 +133,9 @@ def _attend_decodes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     """
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[0]
+    if _decode_kernel is not None and cpu_decode_attention.can_run(query):
+        return cpu_decode_attention.paged_decode_attention(query if whole_step else query[g.token_idx], key_cache,
+                                                           value_cache, g.block_table, g.seq_lens, scale)
     q = (query if whole_step else query[g.token_idx]).view(g.num_reqs, 1, num_heads, head_dim)
     k = key_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)  # [H_kv, N, L, D]
     v = value_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)
