@@ -104,3 +104,18 @@ def test_kv_written_through_slot_mapping():
     for t in range(7):
         block, off = int(block_table[rows[t], positions[t] // BS]), int(positions[t] % BS)
         assert torch.equal(kv_cache[0][:, block, off], key[t]) and torch.equal(kv_cache[1][:, block, off], value[t])
+
+
+def test_kernel_load_falls_back_without_a_compiler(monkeypatch):
+    import torch.utils.cpp_extension as cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpu_decode_attention, "_loaded", False)
+    monkeypatch.setattr(cpu_decode_attention, "_module", None)
+    monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
+    assert cpu_decode_attention.load() is None
+    monkeypatch.setattr(cpu_decode_attention, "_loaded", False)
+    monkeypatch.setenv(cpu_decode_attention.ENV_VAR, "0")
+    assert cpu_decode_attention.load() is None  # disabled: not even tried

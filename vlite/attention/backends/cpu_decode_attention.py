@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from typing import Any, Optional
 
 import torch
@@ -186,6 +187,19 @@ def _build_name() -> str:
     return "vlite_decode_attn_" + hashlib.sha256((_SOURCE + flags + torch.__version__).encode()).hexdigest()[:12]
 
 
+def _remove_stale_lock(name: str, max_age_s: float = 600.0) -> None:
+    """torch waits forever on the lock file of a build that was killed midway (e.g. Ctrl-C during
+    the first start); a compile takes well under max_age_s, so an older lock is stale."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
+        if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > max_age_s:
+            os.remove(lock)
+    except Exception:  # a private torch helper: never let this step fail the load
+        pass
+
+
 def enabled() -> bool:
     return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -201,8 +215,10 @@ def load() -> Optional[Any]:
     try:
         from torch.utils.cpp_extension import load_inline
 
+        name = _build_name()
+        _remove_stale_lock(name)
         logger.info("loading the C++ decode-attention kernel (compiled on first use, ~20 s, then cached)")
-        module = load_inline(name=_build_name(), cpp_sources=[_SOURCE],
+        module = load_inline(name=name, cpp_sources=[_SOURCE],
                              functions=["paged_decode_attention", "supported"],
                              extra_cflags=["-O3", "-march=native"], verbose=False)
         _module = module if module.supported() else None
