@@ -301,5 +301,5 @@ def test_serve_help_documents_every_flag():
     for flag in ("--host", "--port", "--served-model-name", "--api-key", "--max-model-len", "--max-num-seqs",
                  "--max-num-batched-tokens", "--block-size", "--kv-cache-memory", "--dtype", "--seed",
                  "--enable-prefix-caching", "--no-enable-prefix-caching", "--scheduling-policy", "--chat-template",
-                 "--uvicorn-log-level", "--max-request-body-bytes"):
+                 "--uvicorn-log-level", "--max-request-body-bytes", "--quantization"):
         assert flag in out, flag
