@@ -342,6 +342,39 @@ def _rss_pair(server) -> dict[str, int]:
     return {"api": rss_bytes(server.proc.pid), "engine": rss_bytes(server.engine_pid())}
 
 
+def test_huge_prompt_does_not_stall_other_streams(server):
+    """A ~3 MB prompt takes over a second to tokenize (then is rejected as too long); tokenization
+    runs off the event loop, so a stream in flight keeps receiving tokens meanwhile."""
+    huge = "hello world, this is a test of the tokenizer. " * 65000  # ~3 MB, under the 4 MiB body limit
+
+    async def scenario() -> tuple[list[float], httpx.Response, float]:
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=120) as client:
+            arrivals: list[float] = []
+
+            async def stream() -> None:
+                body = {"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True, "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            arrivals.append(time.perf_counter())
+
+            task = asyncio.create_task(stream())
+            while len(arrivals) < 5:
+                await asyncio.sleep(0.01)
+            t0 = time.perf_counter()
+            r = await client.post("/v1/completions", json={"prompt": huge, "max_tokens": 4})
+            t1 = time.perf_counter()
+            await task
+            during = [b - a for a, b in zip(arrivals, arrivals[1:]) if t0 <= b <= t1]
+            return during, r, t1 - t0
+
+    gaps, r, elapsed = asyncio.run(scenario())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert "maximum context length" in r.json()["error"]["message"]
+    assert elapsed > 0.3 and gaps, (elapsed, gaps)  # the rejection took a while and tokens kept coming
+    assert max(gaps) < elapsed / 2, (max(gaps), elapsed)
+
+
 def test_short_soak_no_lost_requests_no_leaks(server):
     """25 s of 4 clients: streaming and not, completions and chat, disconnects, abandoned calls, bad input.
 

@@ -328,9 +328,10 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
         engine, serving = holder.require()
         serving.check_model(body.model)
         if body.messages is not None:
-            _, tokens = serving.render_chat(body)
+            _, tokens = await serving.run_tokenizer(serving.render_chat, body)
         elif body.prompt is not None:
-            tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            tokens = await serving.run_tokenizer(
+                lambda: engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
         else:
             raise OpenAIError("either prompt or messages is required", 400, "prompt")
         return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}

@@ -7,12 +7,15 @@ import json
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
 from vlite.engine.async_llm import AsyncLLM
 from vlite.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from vlite.outputs import CompletionOutput, Logprob, RequestOutput
+
+T = TypeVar("T")
 
 logger = logging.getLogger("vlite")
 
@@ -75,6 +78,14 @@ class OpenAIServing:
         self.log_prompts = log_prompts
         self.served_model_names = served_model_names
         self.tokenizer = engine.tokenizer
+        # Tokenizing a multi-MB prompt takes ~1 s; done here on one worker thread (the Rust
+        # tokenizer releases the GIL, and one thread keeps its use serialized) the event loop
+        # keeps streaming other requests meanwhile.
+        self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlite-tokenize")
+
+    async def run_tokenizer(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the tokenizer thread (prompt rendering and tokenization)."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_pool, fn, *args)
 
     # ---- shared -------------------------------------------------------------------------------
 
@@ -151,7 +162,7 @@ class OpenAIServing:
             raise OpenAIError("echo is not supported", 400, "echo")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError("best_of is not supported (it must equal n)", 400, "best_of")
-        prompts = self._completion_prompts(request.prompt)
+        prompts = await self.run_tokenizer(self._completion_prompts, request.prompt)
         base_id = f"cmpl-{uuid.uuid4().hex}"
         prepared = [self._prepare(text, ids, request, f"{base_id}-{i}", request.max_tokens, "prompt")
                     for i, (text, ids) in enumerate(prompts)]
@@ -284,7 +295,7 @@ class OpenAIServing:
             raise OpenAIError("only response_format type 'text' is supported", 400, "response_format")
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
-        text, ids = self.render_chat(request)
+        text, ids = await self.run_tokenizer(self.render_chat, request)
         base_id = f"chatcmpl-{uuid.uuid4().hex}"
         max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None \
             else request.max_tokens
