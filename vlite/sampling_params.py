@@ -28,6 +28,17 @@ def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _is_int(x: object) -> bool:
+    """An int that fits the engine's int64 arrays (bool is not an int here)."""
+    return isinstance(x, int) and not isinstance(x, bool) and -2**63 <= x < 2**63
+
+
+def _as_list(value: object, name: str) -> list:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise ValueError(f"{name} must be a list, got {value!r}")
+
+
 @dataclass
 class SamplingParams:
     """How to sample one request. Invalid values raise ValueError naming the field.
@@ -66,8 +77,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop = [] if self.stop is None else _as_list(self.stop, "stop")
+        self.stop_token_ids = [] if self.stop_token_ids is None else _as_list(self.stop_token_ids, "stop_token_ids")
+        for name in ("allowed_token_ids", "bad_words"):
+            if getattr(self, name) is not None:
+                setattr(self, name, _as_list(getattr(self, name), name))
         if self.logit_bias is not None:
             # JSON clients send string keys.
             try:
@@ -91,8 +105,7 @@ class SamplingParams:
             value = getattr(self, name)
             check(_is_number(value) and math.isfinite(value), name, "a finite number")
         for name in ("n", "top_k", "min_tokens"):
-            check(isinstance(getattr(self, name), int) and not isinstance(getattr(self, name), bool), name,
-                  "an integer")
+            check(_is_int(getattr(self, name)), name, "a 64-bit integer")
         check(self.n >= 1, "n", "at least 1")
         check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]")
         check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]")
@@ -102,27 +115,28 @@ class SamplingParams:
         check(self.top_k >= -1, "top_k", "-1, 0 (disabled) or a positive integer")
         check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]")
         if self.max_tokens is not None:
-            check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "at least 1")
+            check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "a 64-bit integer, at least 1")
         check(self.min_tokens >= 0, "min_tokens", "non-negative")
         if self.max_tokens is not None:
             check(self.min_tokens <= self.max_tokens, "min_tokens", f"at most max_tokens ({self.max_tokens})")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
-                check(isinstance(value, int) and value >= -1, name, "-1 (whole vocabulary) or a non-negative integer")
+                check(_is_int(value) and value >= -1, name, "-1 (whole vocabulary) or a non-negative integer")
         if self.seed is not None:
-            check(isinstance(self.seed, int), "seed", "an integer")
+            check(isinstance(self.seed, int) and not isinstance(self.seed, bool) and -2**63 <= self.seed < 2**64,
+                  "seed", "an integer in [-2^63, 2^64)")
         if self.truncate_prompt_tokens is not None:
-            check(isinstance(self.truncate_prompt_tokens, int) and self.truncate_prompt_tokens >= 1,
+            check(_is_int(self.truncate_prompt_tokens) and self.truncate_prompt_tokens >= 1,
                   "truncate_prompt_tokens", "at least 1")
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings")
-        check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+        check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
               "a list of non-negative token ids")
         if self.allowed_token_ids is not None:
-            check(len(self.allowed_token_ids) > 0 and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids),
+            check(len(self.allowed_token_ids) > 0 and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids),
                   "allowed_token_ids", "a non-empty list of non-negative token ids")
         if self.logit_bias is not None:
-            check(all(k >= 0 and math.isfinite(v) for k, v in self.logit_bias.items()), "logit_bias",
+            check(all(0 <= k < 2**63 and math.isfinite(v) for k, v in self.logit_bias.items()), "logit_bias",
                   "a map from non-negative token ids to finite numbers")
         if self.bad_words is not None:
             check(all(isinstance(w, str) and w for w in self.bad_words), "bad_words", "a list of non-empty strings")
