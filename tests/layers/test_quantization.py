@@ -81,10 +81,13 @@ def test_bias_and_dense_fallback():
     w = torch.randn(20, 64)  # N = 20: int4 packing needs N % 16 == 0
     assert make_linear(w, "int4") is w
     assert make_linear(w, None) is w
-    q = make_linear(torch.randn(32, 64), "int8", bias=torch.ones(32))
+    q = make_linear(torch.randn(32, 64), "int8")
     assert isinstance(q, QuantizedLinear)
     x = torch.randn(3, 64)
-    torch.testing.assert_close(linear(x, q), x @ q.dequantize().t() + 1, atol=1e-4, rtol=1e-4)
+    # A bias (e.g. Qwen-style fused QKV) is added to the packed product as to the dense one.
+    torch.testing.assert_close(linear(x, q, torch.ones(32)), x @ q.dequantize().t() + 1, atol=1e-4, rtol=1e-4)
+    hybrid = make_linear(torch.randn(32, 64), "int4", dense_above=2)
+    torch.testing.assert_close(linear(x, hybrid, torch.ones(32)), x @ hybrid.dense.t() + 1)  # 3 rows: dense
 
 
 def test_unknown_method_rejected():

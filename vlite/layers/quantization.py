@@ -57,17 +57,15 @@ def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> tu
 
 
 class QuantizedLinear(nn.Module):
-    """y = x @ dequant(W).T (+ bias), from packed int8 or int4 weights."""
+    """y = x @ dequant(W).T, from packed int8 or int4 weights (a bias is added by `linear`)."""
 
-    def __init__(self, weight: torch.Tensor, method: str, bias: Optional[torch.Tensor] = None,
-                 dense_above: Optional[int] = None) -> None:
+    def __init__(self, weight: torch.Tensor, method: str, dense_above: Optional[int] = None) -> None:
         super().__init__()
         if method not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {method!r}")
         self.method = method
         self.out_features, self.in_features = weight.shape
         dtype = weight.dtype
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.dense_above = dense_above
         self.dense = None if dense_above is None else nn.Parameter(weight, requires_grad=False)
         if method == "int8":
@@ -98,9 +96,8 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
         if self.dense is not None and x2d.shape[0] > self.dense_above:
-            return F.linear(x, self.dense, self.bias)
-        out = self._matmul(x2d).view(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias
+            return F.linear(x, self.dense)
+        return self._matmul(x2d).view(*x.shape[:-1], self.out_features)
 
 
 LinearWeight = Union[torch.Tensor, QuantizedLinear]
@@ -114,8 +111,7 @@ def can_quantize(weight: torch.Tensor, method: str) -> bool:
     return True
 
 
-def make_linear(weight: torch.Tensor, method: Optional[str], bias: Optional[torch.Tensor] = None,
-                dense_above: Optional[int] = None) -> LinearWeight:
+def make_linear(weight: torch.Tensor, method: Optional[str], dense_above: Optional[int] = None) -> LinearWeight:
     """A dense weight (method None, or a shape the kernels refuse) or a QuantizedLinear."""
     if method is None:
         return weight
@@ -123,7 +119,7 @@ def make_linear(weight: torch.Tensor, method: Optional[str], bias: Optional[torc
         logger.warning("weight of shape %s stays dense: %s needs K %% %d == 0 and N %% 16 == 0",
                        tuple(weight.shape), method, INT4_GROUP_SIZE)
         return weight
-    return QuantizedLinear(weight, method, bias, dense_above)
+    return QuantizedLinear(weight, method, dense_above)
 
 
 @dataclass(frozen=True)
@@ -161,5 +157,6 @@ def plan_quantization(requested: Optional[str], source_quantization: Optional[st
 
 def linear(x: torch.Tensor, weight: LinearWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     if isinstance(weight, QuantizedLinear):
-        return weight.forward(x)  # its own bias
+        out = weight.forward(x)
+        return out if bias is None else out + bias
     return F.linear(x, weight, bias)
