@@ -78,10 +78,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
-        # .forward, not __call__: nn.Module's call machinery costs more than a small decode op, and
-        # there are no hooks here.
-        hidden = hidden + self.self_attn.forward(rope, self.input_layernorm.forward(hidden), kv_cache, attn_metadata)
-        return hidden + self.mlp.forward(self.post_attention_layernorm.forward(hidden))
+        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), kv_cache, attn_metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -106,8 +104,8 @@ class LlamaForCausalLM(nn.Module):
         hidden = F.embedding(input_ids, self.embed_tokens)
         rope = self.rotary.get_cos_sin(positions, hidden.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer.forward(rope, hidden, kv_cache, attn_metadata)
-        return self.norm.forward(hidden)
+            hidden = layer(rope, hidden, kv_cache, attn_metadata)
+        return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return linear(hidden, self.lm_head).float()
