@@ -6,16 +6,23 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-_QUANTIZATION = ("none", "int8", "int4")  # none + vlite.layers.quantization.QUANTIZATION_METHODS
+# Weight-only methods of vlite.layers.quantization; "none" forces dense weights.
+QUANTIZATION_METHODS = ("int8", "int4")
+QUANTIZATION_CHOICES = ("none", *QUANTIZATION_METHODS)
+
+
+def cpu_flags() -> str:
+    """The `flags` line of /proc/cpuinfo ("" where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
 
 
 def cpu_supports_bf16() -> bool:
     """bf16 pays on CPU only with native bf16 dot products (AVX512-BF16 or AMX)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
+    flags = cpu_flags().split()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
@@ -32,8 +39,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        if self.quantization is not None and self.quantization not in _QUANTIZATION:
-            raise ValueError(f"quantization must be one of {_QUANTIZATION} or None, got {self.quantization!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_CHOICES} or None, "
+                             f"got {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}")
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import fields
 from typing import Any, Callable, Optional
 
+from vlite.config import QUANTIZATION_CHOICES
 from vlite.engine.arg_utils import EngineArgs
 from vlite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -95,7 +96,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
                        help="weight and activation dtype; auto picks bfloat16 where the CPU has native bf16, "
                             "else float32 (default: %(default)s)")
-    group.add_argument("--quantization", "-q", default=d.quantization, choices=["none", "int8", "int4"],
+    group.add_argument("--quantization", "-q", default=d.quantization, choices=QUANTIZATION_CHOICES,
                        help="weight-only quantization of the linear layers: int8 (per channel) or int4 (groups "
                             "of 32; LM head int8) for every step, or none (dense --dtype weights). Default: "
                             "automatic: a Q4_1 GGUF model in bfloat16 keeps its own 4-bit weights for steps of "

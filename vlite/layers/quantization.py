@@ -28,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlite.config import QUANTIZATION_METHODS
+
 logger = logging.getLogger(__name__)
 
-QUANTIZATION_METHODS = ("int8", "int4")
 INT4_GROUP_SIZE = 32
 # Steps of at most this many tokens use packed int4 in the automatic GGUF mode (measured on this
 # machine's 2 cores: int4 well ahead at 8 rows, even at 16, behind at 32).

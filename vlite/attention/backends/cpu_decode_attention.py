@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 import torch
 
+from vlite.config import cpu_flags
+
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "VLITE_CPU_KERNELS"
@@ -179,12 +181,8 @@ _loaded = False
 
 def _build_name() -> str:
     """-march=native code must not be loaded on another CPU sharing the build cache."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return "vlite_decode_attn_" + hashlib.sha256((_SOURCE + flags + torch.__version__).encode()).hexdigest()[:12]
+    key = _SOURCE + cpu_flags() + torch.__version__
+    return "vlite_decode_attn_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def _remove_stale_lock(name: str, max_age_s: float = 600.0) -> None:
