@@ -237,11 +237,15 @@ class Scheduler:
             return self.running[-1]
         return max(self.running[req_index:], key=lambda r: (r.priority, r.arrival_time))
 
-    def _preempt(self, request: Request) -> None:
-        """Recompute-mode preemption: drop the KV blocks, go back to the head of the queue."""
+    def _release_for_recompute(self, request: Request) -> None:
+        """Drop the request's KV blocks; it will compute its tokens again when scheduled."""
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute-mode preemption: drop the KV blocks, go back to the head of the queue."""
+        self._release_for_recompute(request)
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -282,9 +286,7 @@ class Scheduler:
         FCFS keeps `waiting` in arrival order; the priority heap orders them itself.
         """
         for request in requests:
-            self.kv_cache_manager.free(request)
-            request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
+            self._release_for_recompute(request)
         if self.policy == SchedulingPolicy.FCFS:
             merged = sorted([*self.waiting, *requests], key=lambda r: r.arrival_time)
             self.waiting = create_request_queue(self.policy)
