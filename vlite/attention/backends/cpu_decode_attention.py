@@ -203,7 +203,11 @@ def enabled() -> bool:
 
 
 def load() -> Optional[Any]:
-    """The compiled kernel module, or None (disabled, no compiler, no AVX-512): use the torch path."""
+    """The compiled kernel module, or None (disabled, no compiler, no AVX-512): use the torch path.
+
+    module.paged_decode_attention(query [N, H, D], key_cache, value_cache [H_kv, num_blocks,
+    block_size, D], block_table [N, max_blocks] int64, seq_lens [N] int64, scale) -> [N, H, D]
+    """
     global _module, _loaded
     if _loaded:
         return _module
@@ -234,9 +238,3 @@ def can_run(query: torch.Tensor) -> bool:
     """Shapes and dtypes the vector path handles (head_dim a multiple of 16, at most 256)."""
     head_dim = query.shape[-1]
     return query.dtype in (torch.bfloat16, torch.float32) and head_dim % 16 == 0 and head_dim <= 256
-
-
-def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """query [N, H, D], caches [H_kv, num_blocks, block_size, D] -> [N, H, D]. Requires load()."""
-    return _module.paged_decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale)

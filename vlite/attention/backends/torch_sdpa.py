@@ -134,8 +134,8 @@ def _attend_decodes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[0]
     if _decode_kernel is not None and cpu_decode_attention.can_run(query):
-        return cpu_decode_attention.paged_decode_attention(query if whole_step else query[g.token_idx], key_cache,
-                                                           value_cache, g.block_table, g.seq_lens, scale)
+        return _decode_kernel.paged_decode_attention(query if whole_step else query[g.token_idx], key_cache,
+                                                     value_cache, g.block_table, g.seq_lens, scale)
     q = (query if whole_step else query[g.token_idx]).view(g.num_reqs, 1, num_heads, head_dim)
     k = key_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)  # [H_kv, N, L, D]
     v = value_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)
