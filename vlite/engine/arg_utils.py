@@ -84,9 +84,9 @@ class EngineArgs:
             max_model_len=max_model_len, policy=self.scheduling_policy,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             max_num_partial_prefills=self.max_num_partial_prefills)
-        logger.info("vlite: model %s (%s%s), KV cache %d blocks x %d tokens = %d tokens (%.1f MiB), max_model_len %d",
-                    resolved.name, model_config.torch_dtype_name,
-                    f", linear weights: {quantization.describe()}", num_blocks, self.block_size, capacity,
+        logger.info("vlite: model %s (%s, linear weights: %s), KV cache %d blocks x %d tokens = %d tokens (%.1f MiB), "
+                    "max_model_len %d", resolved.name, model_config.torch_dtype_name, quantization.describe(),
+                    num_blocks, self.block_size, capacity,
                     num_blocks * bytes_per_block / 2**20, max_model_len)
         return LoadedEngineConfig(
             config=VliteConfig(model_config, cache_config, scheduler_config), resolved=resolved, arch=arch,

@@ -112,7 +112,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="tokens per KV cache block (default: %(default)s)")
     group.add_argument("--kv-cache-memory", type=parse_size, default=d.kv_cache_memory_bytes, metavar="BYTES",
                        help="size of the KV cache pool in bytes; accepts suffixes: 512M, 1G, 1GiB (powers of "
-                            "1024), 500MB (powers of 1000); default: room for 16,384 tokens, at most 512MiB (368MiB "
+                            "1024), 500MB (powers of 1000); default: room for 16,384 tokens, at most 512MiB (360MiB "
                             "for the default model in bfloat16)")
     group.add_argument("--seed", type=int, default=d.seed, metavar="SEED",
                        help="random seed of the engine, and so of sampling (default: %(default)s)")
