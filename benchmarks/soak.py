@@ -61,15 +61,18 @@ def rss_bytes(pid: int) -> Optional[int]:
     return None
 
 
-def engine_core_pids(api_pid: int) -> list[int]:
-    """The API process's children that run the engine core (not multiprocessing's resource tracker)."""
+def child_pids(pid: int) -> list[int]:
     try:
-        with open(f"/proc/{api_pid}/task/{api_pid}/children") as f:
-            kids = [int(x) for x in f.read().split()]
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
     except OSError:
         return []
+
+
+def engine_core_pids(api_pid: int) -> list[int]:
+    """The API process's children that run the engine core (not multiprocessing's resource tracker)."""
     out = []
-    for kid in kids:
+    for kid in child_pids(api_pid):
         try:
             with open(f"/proc/{kid}/cmdline", "rb") as f:
                 cmd = f.read()

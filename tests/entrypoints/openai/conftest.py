@@ -8,11 +8,13 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Optional
 from dataclasses import dataclass
+from typing import Optional
 
 import httpx
 import pytest
+
+from benchmarks.soak import child_pids, engine_core_pids
 
 API_KEY = "test-key-123"
 
@@ -21,28 +23,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def child_pids(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
-def engine_pids(pid: int) -> list[int]:
-    """Children running the engine core (multiprocessing also starts a resource-tracker child)."""
-    out = []
-    for kid in child_pids(pid):
-        try:
-            with open(f"/proc/{kid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
-            out.append(kid)
-    return out
 
 
 def pid_alive(pid: int) -> bool:
@@ -65,7 +45,7 @@ class Server:
         return {"Authorization": f"Bearer {self.api_key}"}
 
     def engine_pid(self) -> int:
-        kids = engine_pids(self.proc.pid)
+        kids = engine_core_pids(self.proc.pid)
         assert len(kids) == 1, f"expected one engine-core child process, found {kids}"
         return kids[0]
 
