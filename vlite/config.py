@@ -21,7 +21,12 @@ def cpu_flags() -> str:
 
 
 def cpu_supports_bf16() -> bool:
-    """bf16 pays on CPU only with native bf16 dot products (AVX512-BF16 or AMX)."""
+    """bf16 pays on CPU only with native bf16 dot products (AVX512-BF16 or AMX). With
+    VLITE_CPU_ISA=avx2|portable the machine stands in for a CPU without them."""
+    import os
+
+    if os.environ.get("VLITE_CPU_ISA", "").strip().lower() in ("avx2", "portable"):
+        return False
     flags = cpu_flags().split()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 

@@ -11,20 +11,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlite.attention.backends import cpu_decode_attention, torch_sdpa
+from vlite import _custom_ops
+from vlite.attention.backends import torch_sdpa
 from vlite.attention.backends.torch_sdpa import build_metadata, get_kv_cache_shape, paged_attention
 
 H, H_KV, D, BS, NUM_BLOCKS = 6, 2, 16, 4, 1024
 
 
-@pytest.fixture(params=["torch", "cpp"], autouse=True)
+@pytest.fixture(params=["torch", *_custom_ops.ISAS], autouse=True)
 def decode_path(request, monkeypatch):
-    """Run every test with the torch decode path and with the C++ kernel (where it builds here)."""
+    """Run every test with the torch decode path and with the C++ kernel of every ISA this CPU runs
+    (an AVX-512 machine runs the AVX2 and portable builds too)."""
     kernel = None
-    if request.param == "cpp":
-        kernel = cpu_decode_attention.load()
-        if kernel is None:
-            pytest.skip("the C++ decode kernel is not available on this machine")
+    if request.param != "torch":
+        if request.param not in _custom_ops.supported_isas():
+            pytest.skip(f"this CPU cannot run the {request.param} build")
+        kernel = _custom_ops.load(request.param)
+        assert kernel is not None, "the C++ kernels failed to build"
     monkeypatch.setattr(torch_sdpa, "_decode_kernel", kernel)
     return request.param
 
@@ -112,10 +115,10 @@ def test_kernel_load_falls_back_without_a_compiler(monkeypatch):
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions")
 
-    monkeypatch.setattr(cpu_decode_attention, "_loaded", False)
-    monkeypatch.setattr(cpu_decode_attention, "_module", None)
-    monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
-    assert cpu_decode_attention.load() is None
-    monkeypatch.setattr(cpu_decode_attention, "_loaded", False)
-    monkeypatch.setenv(cpu_decode_attention.ENV_VAR, "0")
-    assert cpu_decode_attention.load() is None  # disabled: not even tried
+    monkeypatch.setattr(_custom_ops, "_modules", {})
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    assert _custom_ops.load() is None
+    monkeypatch.setattr(_custom_ops, "_modules", {})
+    monkeypatch.setenv(_custom_ops.ENV_KERNELS, "0")
+    assert _custom_ops.load() is None  # disabled: not even tried
+    assert _custom_ops._modules == {}

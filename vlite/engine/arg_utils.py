@@ -61,7 +61,8 @@ class EngineArgs:
 
         torch_dtype = getattr(torch, model_config.torch_dtype_name)
         arch, weights = load_model_weights(resolved, torch_dtype)
-        quantization = plan_quantization(self.quantization, arch.source_quantization, torch_dtype)
+        quantization = plan_quantization(self.quantization, arch.source_quantization, torch_dtype,
+                                         dtype_was_auto=self.dtype == "auto")
 
         from vlite.worker.model_runner import kv_cache_bytes_per_block
 

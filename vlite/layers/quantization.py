@@ -1,159 +1,183 @@
-"""Weight-only int8 / int4 linear layers for CPU (opt-in: `--quantization int8|int4`).
+"""Linear layers over block-quantized weights (vlite/layers/packed.py), on vlite's CPU kernels.
 
 Decoding a few requests at a time is bound by reading the weights from memory, so storing them in
-8 or 4 bits makes those steps faster; activations stay in the model dtype and products are
-accumulated in float32 by torch's packed kernels:
+4 or 8 bits makes those steps faster. Where the weights come from:
 
-    int8: per output channel, symmetric      w ~= q * scale                 q in [-127, 127]
-    int4: per group of 32 inputs, asymmetric w ~= (q - 8) * scale + zero    q in [0, 15]
-          (`torch._weight_int4pack_mm_for_cpu`'s convention)
+    a quantized GGUF file   its own blocks (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K), unchanged
+    --quantization int8     dense weights rounded to q8 blocks of 32, symmetric (as Q8_0)
+    --quantization int4     dense weights rounded to q4 blocks of 32, min/max grid (as Q4_1)
 
-int4 groups of 32 with a min/max grid are Q4_1's layout: a Q4_1 GGUF tensor requantizes exactly
-(checked on every linear weight of the default model). The LM head is kept at int8 in int4 mode:
-it is the most sensitive matrix. Rounding is to nearest (RTN); the accuracy against float32 is
-measured in tests and docs/benchmarks.md.
+Rounding is to nearest (RTN); the accuracy against float32 is measured in tests and
+docs/benchmarks.md. The LM head is kept at 8 bits at most: it is the most sensitive matrix.
 
-With `dense_above`, a layer also keeps its dense weight and uses it for steps of more tokens:
-packed kernels win while reading weights dominates (few tokens) and lose once the matmul is
-compute bound (vLLM's GGUF layers dispatch the same way).
+Steps of more than `dense_above` tokens (long prefills) are compute bound, where a dense float GEMM
+(oneDNN/MKL through torch) beats the integer kernels: the layer then multiplies by a dense copy,
+kept (`keep_dense`) or dequantized for that step. Without the C++ kernels the layer keeps only the
+dense weight, so a model always loads.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlite import _custom_ops
 from vlite.config import QUANTIZATION_METHODS
+from vlite.layers.packed import QK, PackedTensors
 
 logger = logging.getLogger(__name__)
 
-INT4_GROUP_SIZE = 32
-# Steps of at most this many tokens use packed int4 in the automatic GGUF mode (measured on this
-# machine's 2 cores: int4 well ahead at 8 rows, even at 16, behind at 32).
-SMALL_STEP_TOKENS = 16
+# Steps of at most this many tokens use the integer kernels when a dense path also exists (measured
+# on 2-core Zen 4 and Zen 3 machines: docs/benchmarks.md, "kernel crossover").
+DENSE_ABOVE_TOKENS = 32
 
 
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, K] -> (int8 [N, K], float32 scale [N])."""
-    w = weight.float()
-    scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q, scale
-
-
-def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                   torch.Tensor]:
-    """[N, K] -> (int32 q [N, K] in 0..15, float32 scale [N, K/g], float32 zero [N, K/g])."""
+def quantize_int8(weight: torch.Tensor) -> PackedTensors:
+    """[N, K] -> q8 blocks of 32, symmetric: w ~= d * q, q in [-127, 127], d float16 (Q8_0's grid)."""
     n, k = weight.shape
-    w = weight.float().view(n, k // group_size, group_size)
+    w = weight.float().view(n, k // QK, QK)
+    d = (w.abs().amax(dim=-1) / 127.0).to(torch.float16)
+    inv = torch.where(d > 0, 1.0 / d.float(), torch.zeros((), dtype=torch.float32))
+    q = torch.round(w * inv[..., None]).clamp_(-127, 127).to(torch.int8).view(n, k)
+    return PackedTensors("q8", q.contiguous(), d.contiguous(), None)
+
+
+def quantize_int4(weight: torch.Tensor) -> PackedTensors:
+    """[N, K] -> q4 blocks of 32 on a min/max grid: w ~= d * q + m, q in 0..15 (Q4_1's grid)."""
+    n, k = weight.shape
+    w = weight.float().view(n, k // QK, QK)
     lo, hi = w.amin(dim=-1), w.amax(dim=-1)
-    scale = ((hi - lo) / 15.0).clamp_min(1e-12)
-    q = torch.round((w - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32).view(n, k)
-    return q, scale, lo + 8.0 * scale
+    d = ((hi - lo) / 15.0).to(torch.float16)
+    m = lo.to(torch.float16)
+    inv = torch.where(d > 0, 1.0 / d.float(), torch.zeros((), dtype=torch.float32))
+    q = torch.round((w - m.float()[..., None]) * inv[..., None]).clamp_(0, 15).to(torch.uint8)
+    packed = q[..., :QK // 2] | (q[..., QK // 2:] << 4)
+    return PackedTensors("q4", packed.view(n, k // 2).contiguous(), d.contiguous(), m.contiguous())
 
 
 class QuantizedLinear(nn.Module):
-    """y = x @ dequant(W).T, from packed int8 or int4 weights (a bias is added by `linear`)."""
+    """y = x @ dequant(W).T from packed blocks (a bias is added by `linear`)."""
 
-    def __init__(self, weight: torch.Tensor, method: str, dense_above: Optional[int] = None) -> None:
+    def __init__(self, packed: PackedTensors, dtype: torch.dtype, dense_above: Optional[int] = None,
+                 keep_dense: bool = False) -> None:
         super().__init__()
-        if method not in QUANTIZATION_METHODS:
-            raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {method!r}")
-        self.method = method
-        self.out_features, self.in_features = weight.shape
-        dtype = weight.dtype
+        self.out_features, self.in_features = packed.shape
+        self.fmt, self.sub = (4 if packed.fmt == "q4" else 8), packed.sub
+        self.dtype = dtype
         self.dense_above = dense_above
-        self.dense = None if dense_above is None else nn.Parameter(weight, requires_grad=False)
-        if method == "int8":
-            q, scale = quantize_int8(weight)
-            self.register_buffer("qweight", q)
-            self.register_buffer("scales", scale.to(dtype))
-        else:
-            q, scale, zero = quantize_int4(weight)
-            self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q, 1))
-            # [K/g, N, 2]: the kernel's layout.
-            self.register_buffer("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).to(dtype)
-                                 .contiguous())
+        self.ops = _custom_ops.load()
+        self.register_buffer("qs", packed.qs)
+        self.register_buffer("scales", packed.scales)
+        self.register_buffer("mins", packed.mins)
+        self.dense: Optional[torch.Tensor] = None
+        if self.ops is None or keep_dense:
+            self.dense = self.dequantize(dtype)
+        if self.ops is None:  # the torch path: only the dense weight
+            self.qs = self.scales = self.mins = None
 
-    def dequantize(self) -> torch.Tensor:
-        """The float32 weight these packed values stand for (tests, accuracy reports)."""
-        eye = torch.eye(self.in_features, dtype=self.scales_dtype)
-        return self._matmul(eye).t().float()
+    def packed(self) -> PackedTensors:
+        return PackedTensors("q4" if self.fmt == 4 else "q8", self.qs, self.scales, self.mins, self.sub)
 
-    @property
-    def scales_dtype(self) -> torch.dtype:
-        return (self.scales if self.method == "int8" else self.scales_and_zeros).dtype
-
-    def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
-        if self.method == "int8":
-            return torch._weight_int8pack_mm(x2d, self.qweight, self.scales)
-        return torch._weight_int4pack_mm_for_cpu(x2d, self.qweight, INT4_GROUP_SIZE, self.scales_and_zeros)
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.qs is None:
+            return self.dense.to(dtype)
+        if self.ops is not None:
+            return self.ops.dequantize(self.qs, self.scales, self.mins, self.fmt, self.sub, dtype)
+        return self.packed().dequantize(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
-        if self.dense is not None and x2d.shape[0] > self.dense_above:
+        if self.ops is None:
             return F.linear(x, self.dense)
-        return self._matmul(x2d).view(*x.shape[:-1], self.out_features)
+        if self.dense_above is not None and x2d.shape[0] > self.dense_above:
+            w = self.dense if self.dense is not None else self.dequantize(x.dtype)
+            return F.linear(x, w)
+        out = self.ops.quant_linear(x2d, self.qs, self.scales, self.mins, self.fmt, self.sub)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 LinearWeight = Union[torch.Tensor, QuantizedLinear]
 
 
-def can_quantize(weight: torch.Tensor, method: str) -> bool:
-    """The packed kernels' shape rules (int4: K in groups of 32, N a multiple of 16)."""
-    n, k = weight.shape
-    if method == "int4":
-        return k % INT4_GROUP_SIZE == 0 and n % 16 == 0
-    return True
-
-
-def make_linear(weight: torch.Tensor, method: Optional[str], dense_above: Optional[int] = None) -> LinearWeight:
-    """A dense weight (method None, or a shape the kernels refuse) or a QuantizedLinear."""
-    if method is None:
-        return weight
-    if not can_quantize(weight, method):
-        logger.warning("weight of shape %s stays dense: %s needs K %% %d == 0 and N %% 16 == 0",
-                       tuple(weight.shape), method, INT4_GROUP_SIZE)
-        return weight
-    return QuantizedLinear(weight, method, dense_above)
+def can_quantize(weight: Any) -> bool:
+    """The kernels' shape rule: K in whole blocks of 32."""
+    return weight.shape[1] % QK == 0
 
 
 @dataclass(frozen=True)
 class QuantizationPlan:
-    """How the model's linear layers store their weights, resolved once at load."""
+    """How the model's linear layers store their weights, resolved once at load.
 
-    method: Optional[str]  # None: dense
-    dense_above: Optional[int] = None  # keep dense weights too, used for steps of more tokens
-    quantize_lm_head: bool = True
+    method: None (dense), "gguf" (the file's own quantized blocks where it has them, dense
+    elsewhere), "int8" or "int4" (every linear weight quantized at load).
+    """
+
+    method: Optional[str]
+    dense_above: Optional[int] = DENSE_ABOVE_TOKENS
+    keep_dense: bool = False  # keep a dense copy for large steps (memory) instead of dequantizing per step
 
     def describe(self) -> str:
         if self.method is None:
             return "dense"
-        if self.dense_above is None:
-            return f"{self.method} weight-only" + (" (LM head int8)" if self.quantize_lm_head else "")
-        return f"{self.method} for steps of <= {self.dense_above} tokens, dense above"
+        what = "the GGUF file's own quantized blocks" if self.method == "gguf" else f"{self.method} blocks of 32"
+        large = "dense copy" if self.keep_dense else "dequantized per step"
+        kernels = _custom_ops.load()
+        isa = kernels.isa() if kernels is not None else "none: dense torch fallback"
+        return f"{what} (kernels: {isa}); steps of > {self.dense_above} tokens: dense GEMM ({large})"
 
 
-def plan_quantization(requested: Optional[str], source_quantization: Optional[str],
-                      dtype: torch.dtype) -> QuantizationPlan:
+def plan_quantization(requested: Optional[str], source_quantization: Optional[str], dtype: torch.dtype,
+                      dtype_was_auto: bool = True) -> QuantizationPlan:
     """`requested`: None (auto), "none", "int8" or "int4".
 
-    Auto keeps a Q4_1 GGUF model's linear layers in their own 4-bit values for small steps (the
-    file's exact weights; decoding reads 4x fewer bytes) when running in a half-precision dtype.
-    float32 stays dense: it is the reference precision.
+    Auto runs a quantized GGUF file on its own blocks unless float32 was asked for explicitly (the
+    reference precision: dense weights, token-identical to transformers). Half-precision runs keep a
+    dense copy for long prefills (fast bf16 GEMMs, small); float32 ones dequantize per step instead
+    (a float32 copy of every weight would double the memory).
     """
+    keep_dense = dtype != torch.float32
     if requested == "none":
         return QuantizationPlan(None)
     if requested is not None:
-        return QuantizationPlan(requested)
-    if source_quantization == "Q4_1" and dtype != torch.float32:
-        return QuantizationPlan("int4", dense_above=SMALL_STEP_TOKENS, quantize_lm_head=False)
+        if requested not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, 'none' or None, got {requested!r}")
+        return QuantizationPlan(requested, keep_dense=keep_dense)
+    if source_quantization is not None and (dtype != torch.float32 or dtype_was_auto):
+        return QuantizationPlan("gguf", keep_dense=keep_dense)
     return QuantizationPlan(None)
+
+
+def make_linear(weight: Union[torch.Tensor, PackedTensors], plan: QuantizationPlan, dtype: torch.dtype,
+                head: bool = False) -> LinearWeight:
+    """The layer's weight as the plan says: dense [N, K] in `dtype`, or a QuantizedLinear.
+
+    `head`: the LM head, which --quantization int4 keeps at int8 (the most sensitive matrix).
+    """
+    packed = weight if isinstance(weight, PackedTensors) else None
+    if plan.method is None or (plan.method == "gguf" and packed is None):
+        return _dense(weight, dtype)
+    if plan.method in QUANTIZATION_METHODS:
+        if not can_quantize(weight):
+            logger.warning("weight of shape %s stays dense: K must be a multiple of %d", tuple(weight.shape), QK)
+            return _dense(weight, dtype)
+        dense = _dense(weight, torch.float32)
+        packed = quantize_int4(dense) if plan.method == "int4" and not head else quantize_int8(dense)
+    return QuantizedLinear(packed, dtype, dense_above=plan.dense_above, keep_dense=plan.keep_dense)
+
+
+def _dense(weight: Union[torch.Tensor, PackedTensors], dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(weight, PackedTensors):
+        kernels = _custom_ops.load()
+        if kernels is not None:
+            return kernels.dequantize(weight.qs, weight.scales, weight.mins, 4 if weight.fmt == "q4" else 8,
+                                      weight.sub, torch.float32).to(dtype)
+        return weight.dequantize(torch.float32).to(dtype)
+    return weight.to(dtype).contiguous()
 
 
 def linear(x: torch.Tensor, weight: LinearWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """On-disk cache of converted GGUF models, so later starts skip parsing and dequantizing.
 
-A GGUF load parses ~100k metadata entries and dequantizes every tensor (several seconds, twice:
-once for the weights, once for the tokenizer). The result is stored once as safetensors in the
-target dtype plus a saved fast tokenizer, keyed by the file's path, size, mtime and the dtype.
+A GGUF load parses ~100k metadata entries and converts every tensor (several seconds, twice:
+once for the weights, once for the tokenizer). The result is stored once as safetensors (dense
+tensors in the target dtype, packed ones as their qs/scales/mins parts) plus a saved fast
+tokenizer, keyed by the file's path, size, mtime and the dtype.
 Any failure to read or write the cache falls back to the normal load.
 """
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 2  # 2: arch_config.json has source_quantization
+_FORMAT_VERSION = 3  # 2: arch_config.json has source_quantization; 3: packed tensors
 
 
 def cache_root() -> Optional[Path]:
@@ -61,9 +62,40 @@ def _store(entry: Path, write: Callable[[Path], None]) -> None:
         logger.debug("could not write the model cache at %s: %s", entry, e)
 
 
+_PARTS = ("qs", "scales", "mins")
+
+
+def _flatten(weights: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Packed tensors become NAME::qs / ::scales / ::mins entries, their layout the metadata."""
+    from vlite.layers.packed import PackedTensors
+
+    tensors, layouts = {}, {}
+    for name, w in weights.items():
+        if isinstance(w, PackedTensors):
+            for part in _PARTS:
+                if getattr(w, part) is not None:
+                    tensors[f"{name}::{part}"] = getattr(w, part).contiguous()
+            layouts[name] = json.dumps({"fmt": w.fmt, "sub": w.sub})
+        else:
+            tensors[name] = w.contiguous()
+    return tensors, layouts
+
+
+def _unflatten(tensors: dict[str, torch.Tensor], layouts: dict[str, str]) -> dict[str, Any]:
+    from vlite.layers.packed import PackedTensors
+
+    weights: dict[str, Any] = {k: v for k, v in tensors.items() if "::" not in k}
+    for name, layout in layouts.items():
+        spec = json.loads(layout)
+        weights[name] = PackedTensors(spec["fmt"], tensors[f"{name}::qs"], tensors[f"{name}::scales"],
+                                      tensors.get(f"{name}::mins"), spec["sub"])
+    return weights
+
+
 def cached_gguf_weights(source: Path, dtype: torch.dtype,
-                        load: Callable[[], tuple[LlamaArchConfig, dict[str, torch.Tensor]]]
-                        ) -> tuple[LlamaArchConfig, dict[str, torch.Tensor]]:
+                        load: Callable[[], tuple[LlamaArchConfig, dict[str, Any]]]
+                        ) -> tuple[LlamaArchConfig, dict[str, Any]]:
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
     entry = _entry(source, str(dtype).replace("torch.", ""))
@@ -71,14 +103,18 @@ def cached_gguf_weights(source: Path, dtype: torch.dtype,
         try:
             config = json.loads((entry / "arch_config.json").read_text())
             config["eos_token_ids"] = tuple(config["eos_token_ids"])
-            return LlamaArchConfig(**config), load_file(str(entry / "model.safetensors"))
+            path = str(entry / "model.safetensors")
+            with safe_open(path, framework="pt") as f:
+                layouts = f.metadata() or {}
+            return LlamaArchConfig(**config), _unflatten(load_file(path), layouts)
         except (OSError, ValueError, TypeError, KeyError) as e:
             logger.debug("ignoring unreadable model cache %s: %s", entry, e)
     arch, weights = load()
     if entry is not None:
         def write(d: Path) -> None:
             (d / "arch_config.json").write_text(json.dumps(dataclasses.asdict(arch)))
-            save_file({k: v.contiguous() for k, v in weights.items()}, str(d / "model.safetensors"))
+            tensors, layouts = _flatten(weights)
+            save_file(tensors, str(d / "model.safetensors"), metadata=layouts)
 
         _store(entry, write)
     return arch, weights

@@ -1,7 +1,8 @@
-"""Load a Llama GGUF file into Hugging Face-named, dequantized torch tensors.
+"""Load a Llama GGUF file into Hugging Face-named tensors.
 
-The engine only runs dense weights, so every tensor is dequantized once at load
-time (in float32, for exactness) and cast to the requested dtype.
+Quantized tensors stay in their own blocks (`PackedTensors`, vlite/model_loader/gguf_quants.py,
+not a value changed); the model decides per layer whether to run them packed or dequantize them.
+Dense ones (F32/F16/BF16) are cast to the requested dtype.
 """
 
 from __future__ import annotations
@@ -9,11 +10,16 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Union
 
 import numpy as np
 import torch
 
+from vlite.layers.packed import PackedTensors
 from vlite.model_loader.arch_config import LlamaArchConfig
+from vlite.model_loader.gguf_quants import DENSE_TYPES, SUPPORTED_TYPES, to_packed
+
+Weight = Union[torch.Tensor, PackedTensors]
 
 # GGUF per-layer tensor base names -> Hugging Face Llama module names.
 _LAYER_NAMES = {
@@ -60,15 +66,15 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str, torch.Tensor]]:
-    """Read config and all weights of a Llama GGUF file, dequantized to ``dtype``."""
+def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str, Weight]]:
+    """Read config and all weights of a Llama GGUF file (dense ones cast to ``dtype``)."""
     import gguf
     from gguf.quants import dequantize
 
     reader = gguf.GGUFReader(str(path))
     config = LlamaArchConfig.from_gguf_metadata(reader)
 
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, Weight] = {}
     linear_types: set[str] = set()
     for t in reader.tensors:
         if t.name in _SKIPPED:
@@ -78,13 +84,22 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str
             raise ValueError(f"{path}: unexpected tensor {t.name!r} for a Llama GGUF file")
         # GGUF lists dims fastest-first; numpy (row-major) wants them reversed.
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        arr = dequantize(t.data, t.tensor_type).reshape(shape)
         if hf_name.endswith("_proj.weight"):
             linear_types.add(t.tensor_type.name)
-        if ".self_attn.q_proj." in hf_name:
-            arr = unpermute_qk(arr, config.num_attention_heads)
-        elif ".self_attn.k_proj." in hf_name:
-            arr = unpermute_qk(arr, config.num_key_value_heads)
+        n_head = (config.num_attention_heads if ".self_attn.q_proj." in hf_name else
+                  config.num_key_value_heads if ".self_attn.k_proj." in hf_name else None)
+        packed = to_packed(t.data, t.tensor_type, shape) if len(shape) == 2 else None
+        if packed is not None:
+            if n_head is not None:  # rows are independent in the packed layout: reorder them
+                packed = packed.rows(torch.from_numpy(unpermute_qk(np.arange(shape[0]), n_head)))
+            weights[hf_name] = packed
+            continue
+        if t.tensor_type.name not in DENSE_TYPES:
+            raise ValueError(f"{path}: tensor {t.name!r} has GGUF type {t.tensor_type.name}, which vlite cannot read; "
+                             f"supported: {DENSE_TYPES + SUPPORTED_TYPES}")
+        arr = dequantize(t.data, t.tensor_type).reshape(shape)
+        if n_head is not None:
+            arr = unpermute_qk(arr, n_head)
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
             arr = arr.copy()
@@ -97,7 +112,7 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str
     return config, weights
 
 
-def _check_complete(path: Path, config: LlamaArchConfig, weights: dict[str, torch.Tensor]) -> None:
+def _check_complete(path: Path, config: LlamaArchConfig, weights: dict[str, Weight]) -> None:
     """Fail early, naming the tensor, if the file lacks a weight the model needs."""
     needed = ["model.embed_tokens.weight", "model.norm.weight"]
     if not config.tie_word_embeddings:

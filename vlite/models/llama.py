@@ -12,24 +12,38 @@ from torch import nn
 
 from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata, paged_attention
 from vlite.layers.layernorm import RMSNorm
+from vlite.layers.packed import PackedTensors
 from vlite.layers.quantization import QuantizationPlan, linear, make_linear
 from vlite.layers.rotary_embedding import RotaryEmbedding
 from vlite.model_loader import LlamaArchConfig
 
-Weights = dict[str, torch.Tensor]
+Weight = torch.Tensor | PackedTensors
+Weights = dict[str, Weight]
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.contiguous(), requires_grad=False)
 
 
-def _linear_weight(t: torch.Tensor, plan: QuantizationPlan) -> nn.Module | nn.Parameter:
-    w = make_linear(t.contiguous(), plan.method, dense_above=plan.dense_above)
-    return w if not isinstance(w, torch.Tensor) else _param(w)
+def _fuse(parts: list[Weight]) -> Weight:
+    """Stack weights along rows (fused QKV, gate/up): packed when every part shares one layout."""
+    if all(isinstance(p, PackedTensors) for p in parts):
+        try:
+            return PackedTensors.cat(parts)
+        except ValueError:  # mixed GGUF types (e.g. Q4_K and Q6_K): run this layer dense
+            pass
+    return torch.cat([p.dequantize() if isinstance(p, PackedTensors) else p.float() for p in parts])
+
+
+def _linear_weight(w: Weight, plan: QuantizationPlan, dtype: torch.dtype, head: bool = False
+                   ) -> nn.Module | nn.Parameter:
+    out = make_linear(w, plan, dtype, head=head)
+    return out if not isinstance(out, torch.Tensor) else _param(out)
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig, w: Weights, prefix: str, plan: QuantizationPlan) -> None:
+    def __init__(self, cfg: LlamaArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
+                 dtype: torch.dtype) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads, cfg.num_key_value_heads,
                                                             cfg.head_dim)
@@ -37,10 +51,10 @@ class LlamaAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
         # Fused QKV projection: one matmul instead of three.
-        self.qkv_bias = (_param(torch.cat([w[f"{prefix}.{n}_proj.bias"] for n in "qkv"]))
+        self.qkv_bias = (_param(torch.cat([w[f"{prefix}.{n}_proj.bias"] for n in "qkv"]).to(dtype))
                          if cfg.attention_bias else None)
-        self.qkv_weight = _linear_weight(torch.cat([w[f"{prefix}.{n}_proj.weight"] for n in "qkv"]), plan)
-        self.o_weight = _linear_weight(w[f"{prefix}.o_proj.weight"], plan)
+        self.qkv_weight = _linear_weight(_fuse([w[f"{prefix}.{n}_proj.weight"] for n in "qkv"]), plan, dtype)
+        self.o_weight = _linear_weight(w[f"{prefix}.o_proj.weight"], plan, dtype)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
@@ -54,13 +68,14 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig, w: Weights, prefix: str, plan: QuantizationPlan) -> None:
+    def __init__(self, cfg: LlamaArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
+                 dtype: torch.dtype) -> None:
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
         # Fused gate/up projection.
         self.gate_up_weight = _linear_weight(
-            torch.cat([w[f"{prefix}.gate_proj.weight"], w[f"{prefix}.up_proj.weight"]]), plan)
-        self.down_weight = _linear_weight(w[f"{prefix}.down_proj.weight"], plan)
+            _fuse([w[f"{prefix}.gate_proj.weight"], w[f"{prefix}.up_proj.weight"]]), plan, dtype)
+        self.down_weight = _linear_weight(w[f"{prefix}.down_proj.weight"], plan, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
@@ -68,13 +83,13 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig, w: Weights, i: int, plan: QuantizationPlan) -> None:
+    def __init__(self, cfg: LlamaArchConfig, w: Weights, i: int, plan: QuantizationPlan, dtype: torch.dtype) -> None:
         super().__init__()
         p = f"model.layers.{i}"
-        self.input_layernorm = RMSNorm(w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, w, f"{p}.self_attn", plan)
-        self.post_attention_layernorm = RMSNorm(w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg, w, f"{p}.mlp", plan)
+        self.input_layernorm = RMSNorm(w[f"{p}.input_layernorm.weight"].to(dtype), cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, w, f"{p}.self_attn", plan, dtype)
+        self.post_attention_layernorm = RMSNorm(w[f"{p}.post_attention_layernorm.weight"].to(dtype), cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg, w, f"{p}.mlp", plan, dtype)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
@@ -84,24 +99,35 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: LlamaArchConfig, weights: Weights,
-                 plan: QuantizationPlan = QuantizationPlan(None)) -> None:
+                 plan: QuantizationPlan = QuantizationPlan(None), dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config = cfg
+        self.dtype = dtype
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-        self.embed_tokens = _param(weights["model.embed_tokens.weight"])
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, weights, i, plan)
+        embed = weights["model.embed_tokens.weight"]
+        # A quantized embedding stays packed where the plan runs packed weights: a lookup dequantizes
+        # just the step's rows (the same values as a dense copy, in a quarter of the memory).
+        self.packed_embed = embed if isinstance(embed, PackedTensors) and plan.method is not None else None
+        self.embed_tokens = None if self.packed_embed is not None else _param(make_linear(embed, QuantizationPlan(None),
+                                                                                         dtype))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, weights, i, plan, dtype)
                                     for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(weights["model.norm.weight"], cfg.rms_norm_eps)
+        self.norm = RMSNorm(weights["model.norm.weight"].to(dtype), cfg.rms_norm_eps)
         lm_head = weights.get("lm_head.weight")
         tied = cfg.tie_word_embeddings or lm_head is None
-        if plan.method is None or not plan.quantize_lm_head:
-            self.lm_head = self.embed_tokens if tied else _param(lm_head)
-        else:  # the head is the most sensitive matrix: at most int8 (the embedding stays dense for lookups)
-            self.lm_head = _linear_weight(self.embed_tokens if tied else lm_head, QuantizationPlan("int8"))
+        if plan.method is None:
+            self.lm_head = self.embed_tokens if tied else _param(make_linear(lm_head, plan, dtype))
+        else:  # the head is the most sensitive matrix: --quantization int4 keeps it at int8
+            self.lm_head = _linear_weight(embed if tied else lm_head, plan, dtype, head=True)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.packed_embed is not None:
+            return self.packed_embed.rows(input_ids).dequantize(torch.float32).to(self.dtype)
+        return F.embedding(input_ids, self.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = self.embed(input_ids)
         rope = self.rotary.get_cos_sin(positions, hidden.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden = layer(rope, hidden, kv_cache, attn_metadata)

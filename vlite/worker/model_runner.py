@@ -65,7 +65,7 @@ class ModelRunner:
         self.block_size = block_size
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self.model = LlamaForCausalLM(arch, weights, quantization).eval()
+        self.model = LlamaForCausalLM(arch, weights, quantization, dtype).eval()
         load_kernels()
         shape = get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(arch.num_hidden_layers)]

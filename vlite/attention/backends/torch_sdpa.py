@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from vlite.attention.backends import cpu_decode_attention
 from vlite.profiler import section
 
-# The C++ decode kernel (cpu_decode_attention), or None: set by load_kernels() at engine start.
+# The C++ kernels module (vlite._custom_ops, through cpu_decode_attention), or None: set by load_kernels() at engine start.
 _decode_kernel = None
 
 

@@ -1,0 +1,150 @@
+"""vlite's C++ CPU kernels (vlite/csrc/cpu): built for the CPU's instruction set, loaded on first use.
+
+One extension module per ISA, compiled from the same sources with different flags:
+
+    avx512    AVX-512 F/BW/VL/DQ, plus VNNI (vpdpbusd) where the CPU has it
+    avx2      AVX2 + FMA + F16C (most x86 CPUs of the last decade)
+    portable  no ISA flags: plain C++ that any compiler builds for any CPU (ARM included)
+
+The best ISA the CPU has is chosen from /proc/cpuinfo; `VLITE_CPU_ISA=avx2|avx512|portable`
+forces one (so an AVX-512 machine can test and benchmark the AVX2 path). Each build takes ~30 s
+once (torch.utils.cpp_extension: a C++ compiler and ninja), then is cached under
+~/.cache/torch_extensions. Without a compiler, or with VLITE_CPU_KERNELS=0, `load()` returns None
+and the callers run plain torch code instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from vlite.config import cpu_flags
+
+logger = logging.getLogger(__name__)
+
+ENV_KERNELS = "VLITE_CPU_KERNELS"
+ENV_ISA = "VLITE_CPU_ISA"
+ISAS = ("avx512", "avx2", "portable")  # best first
+_CSRC = Path(__file__).parent / "csrc" / "cpu"
+_SOURCES = ("bindings.cpp", "quant_linear.cpp", "decode_attention.cpp", "vec.h")
+
+_REQUIRED_FLAGS = {
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"),
+    "avx2": ("avx2", "fma", "f16c"),
+    "portable": (),
+}
+
+
+def supported_isas(flags: Optional[str] = None) -> list[str]:
+    """The ISA builds this CPU can run, best first."""
+    have = set((cpu_flags() if flags is None else flags).split())
+    return [isa for isa in ISAS if all(f in have for f in _REQUIRED_FLAGS[isa])]
+
+
+def requested_isa() -> str:
+    """The ISA to build: VLITE_CPU_ISA if set (checked against the CPU), else the best supported."""
+    supported = supported_isas()
+    want = os.environ.get(ENV_ISA, "").strip().lower()
+    if want in ("", "auto"):
+        return supported[0]
+    if want not in ISAS:
+        raise ValueError(f"{ENV_ISA} must be one of {('auto',) + ISAS}, got {want!r}")
+    if want not in supported:
+        raise ValueError(f"{ENV_ISA}={want}: this CPU lacks {[f for f in _REQUIRED_FLAGS[want] if f not in cpu_flags().split()]}"
+                         f" (it supports {supported})")
+    return want
+
+
+def _compile_flags(isa: str) -> list[str]:
+    flags = ["-O3", "-fopenmp", "-ffp-contract=off"]  # no silent FMA contraction: dequantize stays exact
+    if isa == "avx2":
+        flags += ["-mavx2", "-mfma", "-mf16c"]
+    elif isa == "avx512":
+        flags += ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+        if "avx512_vnni" in cpu_flags().split():
+            flags.append("-mavx512vnni")
+    return flags
+
+
+def _build_name(isa: str, flags: list[str]) -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for name in _SOURCES:
+        h.update((_CSRC / name).read_bytes())
+    h.update(" ".join(flags).encode() + torch.__version__.encode())
+    return f"vlite_cpu_{isa}_{h.hexdigest()[:12]}"
+
+
+def _remove_stale_lock(name: str, max_age_s: float = 600.0) -> None:
+    """torch waits forever on the lock file of a build that was killed midway (e.g. Ctrl-C during
+    the first start); a compile takes well under max_age_s, so an older lock is stale."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
+        if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > max_age_s:
+            os.remove(lock)
+    except Exception:  # a private torch helper: never let this step fail the load
+        pass
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_KERNELS, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+_modules: dict[str, Optional[Any]] = {}
+
+
+def build(isa: str) -> Any:
+    """Compile (or load from the cache) the module for `isa`; raises if that fails."""
+    from torch.utils.cpp_extension import load as load_extension
+
+    flags = _compile_flags(isa)
+    name = _build_name(isa, flags)
+    _remove_stale_lock(name)
+    logger.info("loading vlite's %s CPU kernels (compiled on first use, ~30 s, then cached)", isa)
+    return load_extension(name=name, sources=[str(_CSRC / "bindings.cpp")], extra_cflags=flags,
+                          extra_ldflags=["-fopenmp"], extra_include_paths=[str(_CSRC)], verbose=False)
+
+
+def load(isa: Optional[str] = None) -> Optional[Any]:
+    """The kernel module for `isa` (default: `requested_isa()`), or None where it cannot be built
+    (disabled, no compiler, ...): callers then run their torch path.
+
+    module.quant_linear(x [M, K], qs, scales, mins, fmt, sub) -> [M, N]; module.dequantize(...);
+    module.paged_decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale).
+    """
+    if not enabled():
+        return None
+    isa = isa or requested_isa()
+    if isa not in _modules:
+        try:
+            _modules[isa] = build(isa)
+        except Exception as e:  # no compiler, no ninja, an unwritable cache ...: the torch paths work everywhere
+            message = str(e).strip().splitlines()
+            logger.warning("vlite's C++ CPU kernels (%s) unavailable, using torch paths: %s", isa,
+                           message[-1] if message else type(e).__name__)
+            _modules[isa] = None
+    return _modules[isa]
+
+
+def describe() -> dict[str, Any]:
+    """What a benchmark report names: the CPU, its relevant flags, and the kernels in use."""
+    flags = cpu_flags().split()
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16",
+              "avx_vnni")
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    module = load()
+    return {"cpu": model, "cpu_flags": [f for f in wanted if f in flags],
+            "kernels": module.isa() if module is not None else "torch (C++ kernels unavailable)",
+            "forced_isa": os.environ.get(ENV_ISA) or None}

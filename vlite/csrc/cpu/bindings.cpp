@@ -1,0 +1,24 @@
+// One extension module per ISA build (vlite/_custom_ops.py compiles and picks it), built as one
+// translation unit: parsing torch's headers is most of the compile time.
+#include <torch/extension.h>
+
+#include "decode_attention.cpp"
+#include "quant_linear.cpp"
+
+std::string isa() {
+#if defined(__AVX512VNNI__) && defined(VLITE_AVX512)
+  return std::string(VLITE_ISA_NAME) + "+vnni";
+#else
+  return VLITE_ISA_NAME;
+#endif
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", &isa, "the instruction set this build was compiled for");
+  m.def("paged_decode_attention", &vlite::paged_decode_attention);
+  m.def("quantize_activations", &vlite::quantize_activations, pybind11::arg("x"), pybind11::arg("grouped") = false);
+  m.def("q4_group", []() { return vlite::kGroup; }, "blocks per group of the q4 activation layout");
+  m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("scales"),
+        pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"));
+  m.def("dequantize", &vlite::dequantize);
+}

@@ -1,0 +1,146 @@
+// Sixteen float lanes over whatever the build's ISA has: one AVX-512 register, two AVX2 registers,
+// or a plain array the compiler vectorizes as it can (the portable build, any CPU).
+// Every kernel in this folder is written once against these helpers and compiled once per ISA.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace vlite {
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define VLITE_ISA_NAME "avx512"
+#define VLITE_AVX512 1
+#define VLITE_X86 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define VLITE_ISA_NAME "avx2"
+#define VLITE_AVX2 1
+#define VLITE_X86 1
+#else
+#define VLITE_ISA_NAME "portable"
+#endif
+
+inline float to_float(float v) { return v; }
+inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float to_float(c10::Half v) { return static_cast<float>(v); }
+
+#if defined(VLITE_AVX512)
+struct Vec16 {
+  __m512 v;
+  static Vec16 zero() { return {_mm512_setzero_ps()}; }
+  static Vec16 set1(float x) { return {_mm512_set1_ps(x)}; }
+  static Vec16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Vec16 load(const c10::BFloat16* p) {
+    __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16))};
+  }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  float sum() const { return _mm512_reduce_add_ps(v); }
+  float max() const { return _mm512_reduce_max_ps(v); }
+};
+inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline Vec16 operator+(Vec16 a, Vec16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline Vec16 operator-(Vec16 a, Vec16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline Vec16 operator*(Vec16 a, Vec16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Vec16 vmax(Vec16 a, Vec16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+// exp for x <= 0 (softmax after subtracting the max): 2^k * p(r), |rel err| ~1e-7
+inline Vec16 vexp(Vec16 a) {
+  __m512 x = _mm512_max_ps(a.v, _mm512_set1_ps(-87.3f));
+  __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return {_mm512_scalef_ps(p, k)};
+}
+#elif defined(VLITE_AVX2)
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static inline __m256 load_bf16x8(const c10::BFloat16* p) {
+  __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+struct Vec16 {
+  __m256 lo, hi;
+  static Vec16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static Vec16 set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+  static Vec16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static Vec16 load(const c10::BFloat16* p) { return {load_bf16x8(p), load_bf16x8(p + 8)}; }
+  void store(float* p) const { _mm256_storeu_ps(p, lo); _mm256_storeu_ps(p + 8, hi); }
+  float sum() const { return hsum8(_mm256_add_ps(lo, hi)); }
+  float max() const { return hmax8(_mm256_max_ps(lo, hi)); }
+};
+inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline Vec16 operator+(Vec16 a, Vec16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline Vec16 operator-(Vec16 a, Vec16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline Vec16 operator*(Vec16 a, Vec16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline Vec16 vmax(Vec16 a, Vec16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  // 2^k through the exponent bits (k >= -126 after the clamp: a normal float)
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+inline Vec16 vexp(Vec16 a) { return {exp8(a.lo), exp8(a.hi)}; }
+#else
+struct Vec16 {
+  float v[16];
+  static Vec16 zero() { return set1(0.f); }
+  static Vec16 set1(float x) { Vec16 r; for (int i = 0; i < 16; ++i) r.v[i] = x; return r; }
+  template <typename T>
+  static Vec16 load(const T* p) { Vec16 r; for (int i = 0; i < 16; ++i) r.v[i] = to_float(p[i]); return r; }
+  void store(float* p) const { for (int i = 0; i < 16; ++i) p[i] = v[i]; }
+  float sum() const { float s = 0.f; for (int i = 0; i < 16; ++i) s += v[i]; return s; }
+  float max() const { float m = v[0]; for (int i = 1; i < 16; ++i) m = std::max(m, v[i]); return m; }
+};
+#define VLITE_VEC16_BINARY(name, expr) \
+  inline Vec16 name(Vec16 a, Vec16 b) { Vec16 r; for (int i = 0; i < 16; ++i) r.v[i] = (expr); return r; }
+VLITE_VEC16_BINARY(operator+, a.v[i] + b.v[i])
+VLITE_VEC16_BINARY(operator-, a.v[i] - b.v[i])
+VLITE_VEC16_BINARY(operator*, a.v[i] * b.v[i])
+VLITE_VEC16_BINARY(vmax, std::max(a.v[i], b.v[i]))
+#undef VLITE_VEC16_BINARY
+inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
+  Vec16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] * b.v[i] + c.v[i]; return r;
+}
+inline Vec16 vexp(Vec16 a) { Vec16 r; for (int i = 0; i < 16; ++i) r.v[i] = std::exp(a.v[i]); return r; }
+#endif
+
+}  // namespace vlite

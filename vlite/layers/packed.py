@@ -1,0 +1,69 @@
+"""The block-quantized weight layouts that vlite's CPU kernels read (vlite/csrc/cpu/quant_linear.cpp).
+
+Weights are stored row by row (one row per output feature) in blocks of 32 consecutive inputs, as
+GGUF files store them, with a scale (and optionally a min) per block:
+
+    q4: qs uint8 [N, K/2]; in block b, byte j holds q[32b + j] (low nibble) and q[32b + j + 16]
+        (high nibble), q in 0..15 (GGUF's Q4_0/Q4_1 order);  w = scale * q + min
+    q8: qs int8 [N, K];                                        w = scale * q (+ min)
+
+`scales` has one value per `sub` inputs (32, or 16 for Q6_K's sub-blocks), `mins` one per 32 (or
+none). Scales are float16 where the source's are (Q4_0, Q4_1, Q8_0, ...: exact), float32 where a
+scale is a product (K-quants: d * sub-scale). Every GGUF type the kernels read maps to one of these
+two layouts without changing a single weight value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+QK = 32  # inputs per block
+
+
+@dataclass
+class PackedTensors:
+    fmt: str  # "q4" or "q8"
+    qs: torch.Tensor  # q4: uint8 [N, K/2]; q8: int8 [N, K]
+    scales: torch.Tensor  # float16 or float32 [N, K/sub]
+    mins: Optional[torch.Tensor]  # same dtype as scales, [N, K/32], or None (zero)
+    sub: int = QK  # inputs per scale: 32, or 16 (q8 only)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n = self.qs.shape[0]
+        return n, self.qs.shape[1] * (2 if self.fmt == "q4" else 1)
+
+    def rows(self, index: torch.Tensor) -> PackedTensors:
+        """The same weight with its rows reordered (GGUF's Q/K rotary permutation, fused QKV)."""
+        return PackedTensors(self.fmt, self.qs[index], self.scales[index],
+                             None if self.mins is None else self.mins[index], self.sub)
+
+    @staticmethod
+    def cat(parts: list[PackedTensors]) -> PackedTensors:
+        """Stack along rows (fused QKV / gate-up); all parts must share one layout."""
+        first = parts[0]
+        if any((p.fmt, p.sub, p.scales.dtype, p.mins is None) != (first.fmt, first.sub, first.scales.dtype,
+                                                                      first.mins is None) for p in parts):
+            raise ValueError("cannot fuse packed weights of different layouts")
+        return PackedTensors(first.fmt, torch.cat([p.qs for p in parts]), torch.cat([p.scales for p in parts]),
+                             None if first.mins is None else torch.cat([p.mins for p in parts]), first.sub)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The dense [N, K] weight these values stand for (reference code: plain torch, float32 math)."""
+        n, k = self.shape
+        if self.fmt == "q4":
+            b = self.qs.view(n, k // QK, QK // 2)
+            q = torch.cat([b & 0x0F, b >> 4], dim=-1).view(n, k).float()
+        else:
+            q = self.qs.float()
+        w = q.view(n, k // self.sub, self.sub) * self.scales.float()[..., None]
+        w = w.view(n, k)
+        if self.mins is not None:
+            w = (w.view(n, k // QK, QK) + self.mins.float()[..., None]).view(n, k)
+        return w.to(dtype)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.scales, self.mins) if t is not None)
