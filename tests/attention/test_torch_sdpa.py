@@ -110,7 +110,7 @@ def test_kv_written_through_slot_mapping():
 
 
 def test_kernel_load_falls_back_without_a_compiler(monkeypatch):
-    import torch.utils.cpp_extension as cpp_extension
+    from torch.utils import cpp_extension
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions")

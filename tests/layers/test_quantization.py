@@ -1,98 +1,197 @@
-"""Weight-only int8 / int4 linear layers against plain float32 reference code."""
+"""Block-quantized linear layers: every kernel build this CPU runs against plain float reference code.
+
+An AVX-512 machine runs the avx512, avx2 and portable builds, an AVX2 one the last two: none is
+skipped just because CI has the better CPU.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from vlite.layers.quantization import (INT4_GROUP_SIZE, QuantizedLinear, linear, make_linear, quantize_int4,
-                                       quantize_int8)
+from vlite import _custom_ops
+from vlite.layers.packed import QK, PackedTensors
+from vlite.layers.quantization import (
+    QuantizationPlan,
+    QuantizedLinear,
+    linear,
+    make_linear,
+    plan_quantization,
+    quantize_int4,
+    quantize_int8,
+)
+
+ISAS = [pytest.param(isa, marks=pytest.mark.skipif(isa not in _custom_ops.supported_isas(),
+                                                   reason=f"this CPU cannot run the {isa} build"))
+        for isa in _custom_ops.ISAS]
+
+
+@pytest.fixture(params=ISAS)
+def ops(request):
+    module = _custom_ops.load(request.param)
+    assert module is not None, "the C++ kernels failed to build"
+    assert module.isa().startswith(request.param)
+    return module
+
+
+def random_packed(fmt: str, n: int, k: int, sub: int = 32, scale_dtype=torch.float16, mins: bool = True,
+                  seed: int = 0) -> PackedTensors:
+    g = torch.Generator().manual_seed(seed)
+    if fmt == "q4":
+        qs = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    else:
+        qs = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    scales = ((torch.rand(n, k // sub, generator=g) * 0.02 + 0.001) *
+              torch.where(torch.rand(n, k // sub, generator=g) < 0.2, -1.0, 1.0)).to(scale_dtype)
+    m = (torch.randn(n, k // QK, generator=g) * 0.05).to(scale_dtype) if mins else None
+    return PackedTensors(fmt, qs, scales, m, sub)
+
+
+def quantized_activations_reference(x: torch.Tensor) -> torch.Tensor:
+    """What the kernels multiply by: x rounded to int8 blocks of 32 with d = max|x| / 127."""
+    m, k = x.shape
+    xb = x.float().view(m, k // QK, QK)
+    amax = xb.abs().amax(-1, keepdim=True)
+    d = amax / 127
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(xb * inv) * d).view(m, k)
+
+
+LAYOUTS = [("q4", 32, torch.float16, True), ("q4", 32, torch.float32, True), ("q8", 32, torch.float16, False),
+           ("q8", 32, torch.float32, True), ("q8", 16, torch.float32, False)]
+
+
+@pytest.mark.parametrize("fmt,sub,scale_dtype,mins", LAYOUTS)
+@pytest.mark.parametrize("k", [32, 96, 224, 576])  # 1, 3, 7 and 18 blocks: every group/tail split
+def test_kernel_matches_reference(ops, fmt, sub, scale_dtype, mins, k):
+    p = random_packed(fmt, 37, k, sub, scale_dtype, mins, seed=k)
+    w = p.dequantize()
+    assert torch.equal(ops.dequantize(p.qs, p.scales, p.mins, 4 if fmt == "q4" else 8, sub, torch.float32), w)
+    for m in (1, 2, 3, 4, 5, 11):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+            y = ops.quant_linear(x, p.qs, p.scales, p.mins, 4 if fmt == "q4" else 8, sub)
+            assert y.shape == (m, 37) and y.dtype == dtype
+            # Exactly the int8-activation product (up to float32 summation order) ...
+            ref = quantized_activations_reference(x) @ w.t()
+            tol = ref.abs().max().item() * (1e-5 if dtype == torch.float32 else 8e-3)
+            assert (y.float() - ref).abs().max().item() <= tol
+            # ... and close to the float one (int8 activations: ~0.5% of the output scale).
+            full = x.float() @ w.t()
+            assert (y.float() - full).abs().max().item() <= 0.03 * full.abs().max().item() + 1e-3
+
+
+def test_activation_layout(ops):
+    """Grouped (q4) activations are the natural ones permuted block-group-wise; values and scales agree."""
+    x = torch.randn(3, 576)
+    q, d, ds = ops.quantize_activations(x)
+    qg, dg, dsg = ops.quantize_activations(x, True)
+    assert torch.equal(d, dg) and torch.equal(ds, dsg)
+    g, nb = ops.q4_group(), 576 // QK
+    perm = torch.arange(576).view(nb, QK)
+    whole = nb // g * g
+    grouped = perm[:whole].view(nb // g, g, 2, 16).transpose(1, 2).reshape(-1)
+    expected = q[:, torch.cat([grouped, perm[whole:].reshape(-1)])]
+    assert torch.equal(qg, expected)
+    torch.testing.assert_close(q.float() * d.repeat_interleave(QK, 1), quantized_activations_reference(x),
+                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(ds, d * q.view(3, nb, QK).sum(-1).float())
+
+
+def test_zero_rows_and_empty_batch(ops):
+    p = random_packed("q4", 16, 64)
+    assert ops.quant_linear(torch.zeros(2, 64), p.qs, p.scales, p.mins, 4, 32).abs().max() == 0 or p.mins is not None
+    assert ops.quant_linear(torch.zeros(0, 64), p.qs, p.scales, p.mins, 4, 32).shape == (0, 16)
+
+
+def test_kernel_rejects_bad_layouts(ops):
+    p = random_packed("q4", 16, 64)
+    with pytest.raises(RuntimeError, match="K must be a multiple of 32"):
+        ops.quant_linear(torch.randn(1, 48), p.qs[:, :24].contiguous(), p.scales[:, :1].contiguous(), None, 4, 32)
+    with pytest.raises(RuntimeError, match="sub must be"):
+        ops.quant_linear(torch.randn(1, 64), p.qs, p.scales, p.mins, 4, 16)
 
 
 def reference_int8(w: torch.Tensor) -> torch.Tensor:
-    scale = w.abs().amax(dim=1, keepdim=True) / 127
-    return torch.round(w / scale).clamp(-127, 127) * scale
+    wb = w.view(w.shape[0], -1, QK)
+    d = (wb.abs().amax(-1, keepdim=True) / 127).half().float()
+    return (torch.round(wb / d).clamp(-127, 127) * d).view_as(w)
 
 
-def reference_int4(w: torch.Tensor, g: int = INT4_GROUP_SIZE) -> torch.Tensor:
+def reference_int4(w: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(w)
     for r in range(w.shape[0]):
-        for c in range(0, w.shape[1], g):
-            block = w[r, c:c + g]
-            lo, hi = block.min(), block.max()
-            step = (hi - lo) / 15
-            out[r, c:c + g] = torch.round((block - lo) / step).clamp(0, 15) * step + lo
+        for c in range(0, w.shape[1], QK):
+            block = w[r, c:c + QK]
+            lo, step = block.min().half().float(), ((block.max() - block.min()) / 15).half().float()
+            out[r, c:c + QK] = torch.round((block - lo) / step).clamp(0, 15) * step + lo
     return out
 
 
-@pytest.fixture
-def weight() -> torch.Tensor:
-    return torch.randn(48, 96, generator=torch.Generator().manual_seed(0))
+def test_int8_and_int4_round_to_nearest():
+    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(0))
+    q8 = quantize_int8(w)
+    torch.testing.assert_close(q8.dequantize(), reference_int8(w), atol=1e-6, rtol=1e-6)
+    q4 = quantize_int4(w)
+    torch.testing.assert_close(q4.dequantize(), reference_int4(w), atol=1e-5, rtol=1e-5)
+    # Each weight within half a step of its block (plus the float16 rounding of the grid).
+    step = q4.scales.float().repeat_interleave(QK, 1)
+    assert ((q4.dequantize() - w).abs() <= step * 0.51 + 1e-3).all()
 
 
-def test_int8_values_match_reference(weight):
-    q, scale = quantize_int8(weight)
-    assert q.dtype == torch.int8 and q.abs().max() <= 127
-    torch.testing.assert_close(q.float() * scale[:, None], reference_int8(weight))
-    # Round to nearest: each weight within half a step.
-    assert ((q.float() * scale[:, None] - weight).abs() <= scale[:, None] / 2 + 1e-6).all()
-
-
-def test_int4_values_match_reference(weight):
-    q, scale, zero = quantize_int4(weight)
-    assert q.min() >= 0 and q.max() <= 15
-    deq = (q.float().view(48, -1, INT4_GROUP_SIZE) - 8) * scale[..., None] + zero[..., None]
-    torch.testing.assert_close(deq.view(48, 96), reference_int4(weight), atol=1e-5, rtol=1e-5)
-
-
-def test_int4_repacks_q4_1_exactly():
-    """Values on a Q4_1 grid (d * q + m, q spanning 0..15 in each group) come back exactly."""
-    gen = torch.Generator().manual_seed(1)
+def test_q4_1_grid_requantizes_exactly():
+    """Values on a Q4_1 grid (float16 d and m, q spanning 0..15 in each block) come back exactly."""
+    g = torch.Generator().manual_seed(1)
     n, k = 32, 64
-    d = torch.rand(n, k // 32, 1, generator=gen) * 0.02 + 0.001
-    m = torch.randn(n, k // 32, 1, generator=gen) * 0.1
-    q = torch.randint(0, 16, (n, k // 32, 32), generator=gen)
+    d = (torch.rand(n, k // 32, 1, generator=g) * 0.02 + 0.001).half().float()
+    m = (torch.randn(n, k // 32, 1, generator=g) * 0.1).half().float()
+    q = torch.randint(0, 16, (n, k // 32, 32), generator=g)
     q[..., 0], q[..., 1] = 0, 15
     w = (d * q + m).view(n, k)
-    layer = QuantizedLinear(w, "int4")
-    assert layer.scales_and_zeros.dtype == torch.float32
-    torch.testing.assert_close(layer.dequantize(), w, atol=1e-6, rtol=0)
+    torch.testing.assert_close(quantize_int4(w).dequantize(), w, atol=2e-3 * d.max().item(), rtol=0)
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_kernel_equals_dequantized_matmul(weight, method, dtype):
-    layer = QuantizedLinear(weight.to(dtype), method)
+def test_layer_bias_dense_above_and_torch_fallback(method, monkeypatch):
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(3))
+    plan = QuantizationPlan(method, dense_above=2)
+    layer = make_linear(w, plan, torch.float32)
+    assert isinstance(layer, QuantizedLinear)
     deq = layer.dequantize()
-    ref_weight = reference_int8(weight.to(dtype).float()) if method == "int8" else \
-        reference_int4(weight.to(dtype).float())
-    # Scales are stored in the activation dtype.
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(deq, ref_weight, atol=tol, rtol=tol)
-    x = torch.randn(2, 5, 96, generator=torch.Generator().manual_seed(2)).to(dtype)
-    out = linear(x, layer)
-    assert out.shape == (2, 5, 48) and out.dtype == dtype
-    ref = x.float() @ deq.t()
-    torch.testing.assert_close(out.float(), ref, atol=1e-4 if dtype == torch.float32 else 0.1,
-                               rtol=1e-4 if dtype == torch.float32 else 2e-2)
-
-
-def test_bias_and_dense_fallback():
-    w = torch.randn(20, 64)  # N = 20: int4 packing needs N % 16 == 0
-    assert make_linear(w, "int4") is w
-    assert make_linear(w, None) is w
-    q = make_linear(torch.randn(32, 64), "int8")
-    assert isinstance(q, QuantizedLinear)
     x = torch.randn(3, 64)
     # A bias (e.g. Qwen-style fused QKV) is added to the packed product as to the dense one.
-    torch.testing.assert_close(linear(x, q, torch.ones(32)), x @ q.dequantize().t() + 1, atol=1e-4, rtol=1e-4)
-    hybrid = make_linear(torch.randn(32, 64), "int4", dense_above=2)
-    torch.testing.assert_close(linear(x, hybrid, torch.ones(32)), x @ hybrid.dense.t() + 1)  # 3 rows: dense
+    ref = x[:2] @ deq.t() + 1
+    torch.testing.assert_close(linear(x[:2], layer, torch.ones(32)), ref, atol=0.02 * ref.abs().max().item(), rtol=0)
+    # 3 rows > dense_above: the dense GEMM on the dequantized weight (same weight values).
+    torch.testing.assert_close(linear(x, layer, torch.ones(32)), x @ deq.t() + 1, atol=1e-5, rtol=1e-5)
+    # Without the C++ kernels the layer keeps only the dense weight and gives the same dense result.
+    monkeypatch.setattr(_custom_ops, "load", lambda isa=None: None)
+    fallback = make_linear(w, plan, torch.float32)
+    assert fallback.qs is None and torch.equal(fallback.dense, deq)
+    torch.testing.assert_close(linear(x[:1], fallback), x[:1] @ deq.t(), atol=1e-5, rtol=1e-5)
 
 
-def test_unknown_method_rejected():
+def test_head_stays_int8_and_odd_shapes_stay_dense():
+    w = torch.randn(64, 64)
+    assert make_linear(w, QuantizationPlan("int4"), torch.float32, head=True).fmt == 8
+    assert make_linear(w, QuantizationPlan("int4"), torch.float32).fmt == 4
+    odd = torch.randn(16, 40)  # K not a multiple of 32
+    assert isinstance(make_linear(odd, QuantizationPlan("int8"), torch.float32), torch.Tensor)
+    assert isinstance(make_linear(w, QuantizationPlan(None), torch.float32), torch.Tensor)
+
+
+def test_plan():
+    assert plan_quantization(None, "Q4_1", torch.bfloat16).method == "gguf"
+    assert plan_quantization(None, "Q4_1", torch.float32, dtype_was_auto=True).method == "gguf"
+    # float32 asked for explicitly: the reference precision, dense.
+    assert plan_quantization(None, "Q4_1", torch.float32, dtype_was_auto=False).method is None
+    assert plan_quantization(None, None, torch.bfloat16).method is None
+    assert plan_quantization("none", "Q4_1", torch.bfloat16).method is None
+    assert plan_quantization("int8", None, torch.float32).method == "int8"
+    assert plan_quantization(None, "Q4_1", torch.bfloat16).keep_dense
+    assert not plan_quantization(None, "Q4_1", torch.float32).keep_dense
     with pytest.raises(ValueError, match="quantization must be one of"):
-        QuantizedLinear(torch.randn(16, 32), "int3")
+        plan_quantization("int3", None, torch.float32)
 
 
 def test_engine_rejects_unknown_quantization_before_loading():
@@ -100,3 +199,17 @@ def test_engine_rejects_unknown_quantization_before_loading():
 
     with pytest.raises(ValueError, match="quantization must be one of"):
         EngineArgs(model="/nonexistent/model.gguf", quantization="fp8").create_engine_config()
+
+
+def test_forced_isa_is_checked(monkeypatch):
+    monkeypatch.setenv(_custom_ops.ENV_ISA, "sse9")
+    with pytest.raises(ValueError, match="VLITE_CPU_ISA must be one of"):
+        _custom_ops.requested_isa()
+    monkeypatch.setenv(_custom_ops.ENV_ISA, "portable")
+    assert _custom_ops.requested_isa() == "portable"
+    monkeypatch.setattr(_custom_ops, "cpu_flags", lambda: "flags : fpu sse2")
+    monkeypatch.setenv(_custom_ops.ENV_ISA, "avx2")
+    with pytest.raises(ValueError, match="lacks"):
+        _custom_ops.requested_isa()
+    monkeypatch.delenv(_custom_ops.ENV_ISA)
+    assert _custom_ops.requested_isa() == "portable"

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from vlite.layers.packed import PackedTensors
 from vlite.model_loader import LlamaArchConfig, load_model_weights, load_tokenizer, resolve_model
 from vlite.model_loader.resolve import ResolvedModel
 
@@ -87,6 +88,7 @@ def test_weights_match_transformers(ours: tuple[LlamaArchConfig, dict[str, torch
     ref = reference.state_dict()
     assert cfg.tie_word_embeddings and "lm_head.weight" not in weights
     assert set(ref) - {"lm_head.weight"} == set(weights)
+    weights = {name: w.dequantize() if isinstance(w, PackedTensors) else w for name, w in weights.items()}
     for name, tensor in weights.items():
         expected = ref[name]
         assert tensor.dtype == torch.float32, name

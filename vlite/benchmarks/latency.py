@@ -20,8 +20,18 @@ import time
 from typing import Any
 
 from vlite.benchmarks.datasets import allowed_token_ids, random_requests, tokenizer_special_ids
-from vlite.benchmarks.utils import (add_output_args, describe, finish_profiler, jsonable_args, non_negative_int,
-                                    positive_int, setup_profiler, write_json)
+from vlite.benchmarks.utils import (
+    add_output_args,
+    describe,
+    finish_profiler,
+    hardware_report,
+    jsonable_args,
+    non_negative_int,
+    positive_int,
+    print_hardware,
+    setup_profiler,
+    write_json,
+)
 from vlite.entrypoints.cli import _add_common_args, _load_engine, add_engine_args
 
 HELP = "one batch through LLMEngine.step(): TTFT, inter-token latency p50/p90/p99, end-to-end latency"
@@ -129,6 +139,7 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
         "model": engine.resolved_model.name,
         "dtype": engine.model_config.torch_dtype_name,
         "args": jsonable_args(ns),
+        "hardware": hardware_report(engine),
         **stats,
         "output_tokens_per_s": ns.batch_size * ns.output_len / (stats["batch_ms"]["mean"] / 1e3),
     }
@@ -137,6 +148,7 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
 
     print(f"vlite latency: {results['model']} ({results['dtype']}), batch {ns.batch_size}, input {ns.input_len}, "
           f"output {ns.output_len}, {ns.num_iters} iterations ({ns.num_iters_warmup} warmup)")
+    print_hardware(results["hardware"])
     print(format_table(stats))
     print(f"output throughput of the batch: {results['output_tokens_per_s']:.2f} tok/s")
     if "single_stream_decode_tokens_per_s" in results:

@@ -22,12 +22,21 @@ import os
 import sys
 import time
 from dataclasses import asdict
-from typing import Any, Optional
+from typing import Any
 
-from vlite.benchmarks.datasets import (BenchRequest, load_json_dataset, random_requests, summarize,
-                                       tokenizer_special_ids)
-from vlite.benchmarks.utils import (add_dataset_args, add_output_args, finish_profiler, jsonable_args, positive_int,
-                                    print_block, setup_profiler, write_json)
+from vlite.benchmarks.datasets import BenchRequest, load_json_dataset, random_requests, summarize, tokenizer_special_ids
+from vlite.benchmarks.utils import (
+    add_dataset_args,
+    add_output_args,
+    finish_profiler,
+    hardware_report,
+    jsonable_args,
+    positive_int,
+    print_block,
+    print_hardware,
+    setup_profiler,
+    write_json,
+)
 from vlite.entrypoints.cli import _add_common_args, _configure_quiet, add_engine_args, engine_args_from_cli
 
 HELP = "offline throughput: requests/s and tokens/s of one LLM.generate (optionally vs transformers)"
@@ -60,7 +69,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
 
 
-def get_requests(ns: argparse.Namespace, tokenizer: Any = None, vocab_size: Optional[int] = None
+def get_requests(ns: argparse.Namespace, tokenizer: Any = None, vocab_size: int | None = None
                  ) -> list[BenchRequest]:
     """The benchmark's requests from the parsed flags (the random ones need the model's vocabulary)."""
     if ns.dataset_path:
@@ -205,7 +214,7 @@ def run_throughput(ns: argparse.Namespace) -> dict[str, Any]:
     from vlite.entrypoints.llm import LLM
 
     if ns.dataset_path:  # a bad file fails before the slow load
-        requests: Optional[list[BenchRequest]] = get_requests(ns)
+        requests: list[BenchRequest] | None = get_requests(ns)
     else:
         requests = None
     setup_profiler(ns)
@@ -221,9 +230,11 @@ def run_throughput(ns: argparse.Namespace) -> dict[str, Any]:
         "model": engine.resolved_model.name,
         "dtype": engine.model_config.torch_dtype_name,
         "args": jsonable_args(ns),
+        "hardware": hardware_report(engine),
     }
     vlite_result = run_vlite(llm, requests, ns.temperature, ns.progress, ns.warmup)
     results["vlite"] = vlite_result
+    print_hardware(results["hardware"])
     print_block(f"vlite throughput ({results['model']}, {results['dtype']})", _report_rows(vlite_result))
     finish_profiler(results, vlite_result["elapsed_s"])
 

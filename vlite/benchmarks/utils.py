@@ -6,11 +6,11 @@ import argparse
 import json
 import math
 import sys
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from vlite import profiler
 from vlite.entrypoints.cli import _non_negative_int, _positive_int
-
 
 # The CLI's validators, shared so every command rejects bad numbers alike.
 positive_int = _positive_int
@@ -94,7 +94,7 @@ def print_block(title: str, rows: list[tuple[str, Any]], file: Any = None) -> No
     print("=" * total, file=out, flush=True)
 
 
-def write_json(path: Optional[str], results: dict) -> None:
+def write_json(path: str | None, results: dict) -> None:
     if not path:
         return
     with open(path, "w", encoding="utf-8") as f:
@@ -118,7 +118,7 @@ def setup_profiler(ns: argparse.Namespace) -> bool:
     return profiler.is_enabled()
 
 
-def finish_profiler(results: dict, wall_s: Optional[float]) -> None:
+def finish_profiler(results: dict, wall_s: float | None) -> None:
     """Put the profile in `results` and print its table (then forget it)."""
     if not profiler.is_enabled() or not profiler.summary():
         return
@@ -126,3 +126,19 @@ def finish_profiler(results: dict, wall_s: Optional[float]) -> None:
     profiler.print_summary(wall_s=wall_s)
     profiler.reset()
     profiler.enable(profiler._env_enabled())  # back to what the environment asks for
+
+
+def hardware_report(engine: Any) -> dict[str, Any]:
+    """The CPU, its relevant flags, the kernel build and the weight layout a benchmark ran with."""
+    from vlite import _custom_ops
+
+    report = _custom_ops.describe()
+    runner = getattr(getattr(engine, "engine_core", None), "model_runner", None)
+    plan = getattr(runner, "quantization", None)
+    report["weights"] = plan.describe() if plan is not None else "unknown"
+    return report
+
+
+def print_hardware(report: dict[str, Any]) -> None:
+    print(f"cpu: {report['cpu']} [{' '.join(report['cpu_flags'])}]; kernels: {report['kernels']}"
+          f"{' (forced by VLITE_CPU_ISA)' if report.get('forced_isa') else ''}; weights: {report['weights']}")

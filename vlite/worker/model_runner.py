@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -43,7 +42,7 @@ class CachedRequestState:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    generator: Optional[torch.Generator]
+    generator: torch.Generator | None
     # Prompt positions whose logprobs were already reported (a preempted request recomputes them).
     num_prompt_logprobs_done: int = 0
 
@@ -65,6 +64,7 @@ class ModelRunner:
         self.block_size = block_size
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = list(eos_token_ids)
+        self.quantization = quantization
         self.model = LlamaForCausalLM(arch, weights, quantization, dtype).eval()
         load_kernels()
         shape = get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
@@ -74,7 +74,7 @@ class ModelRunner:
         self.input_batch = InputBatch(*self._input_batch_args)
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
-        self._step: Optional[_StepState] = None
+        self._step: _StepState | None = None
         # Fault injection for reliability tests: a step computing this token id raises.
         fault = os.environ.get("VLITE_FAULT_INJECT_TOKEN_ID")
         self._fault_token_id = int(fault) if fault else None
@@ -242,7 +242,7 @@ class ModelRunner:
         num_logprobs = b.num_logprobs[rows]
         row_pos = {int(r): i for i, r in enumerate(rows)}
 
-        def col(values: np.ndarray, neutral: float) -> Optional[torch.Tensor]:
+        def col(values: np.ndarray, neutral: float) -> torch.Tensor | None:
             return torch.from_numpy(values) if (values != neutral).any() else None
 
         md = SamplingMetadata(
