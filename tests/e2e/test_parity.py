@@ -47,7 +47,9 @@ def test_greedy_matches_transformers(prompts, references, block_size, max_num_se
     # The default on a CPU with bf16: the GGUF's own Q4_1/Q8_0 blocks, AVX-512 kernels.
     ("bfloat16", None, None, 16, 0.97),
     # The default on an AVX2 CPU (no bf16): float32 activations over the same blocks, AVX2 kernels.
-    ("auto", None, "avx2", 16, 0.97),
+    # Activations go through int8 blocks (llama.cpp's scheme): measured 496-504/512 depending only
+    # on float summation order (the int8 roundings amplify 1e-5 differences over 30 layers).
+    ("auto", None, "avx2", 16, 0.96),
     ("bfloat16", "int8", None, 16, 0.96),
     ("bfloat16", "int4", None, 16, 0.96),
     ("float32", "int4", "portable", 16, 0.96)])
