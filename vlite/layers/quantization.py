@@ -32,9 +32,10 @@ from vlite.layers.packed import QK, PackedTensors
 
 logger = logging.getLogger(__name__)
 
-# Steps of at most this many tokens use the integer kernels when a dense path also exists (measured
-# on 2-core Zen 4 and Zen 3 machines: docs/benchmarks.md, "kernel crossover").
-DENSE_ABOVE_TOKENS = 32
+# Steps of at most this many tokens use the integer kernels, larger ones a dense GEMM (measured on a
+# 2-core Zen 4, docs/benchmarks.md "kernel crossover"): bf16 GEMMs (AVX512-BF16) overtake the
+# kernels past ~8 rows; float32 ones, which also pay for dequantizing the weight each step, past ~32.
+DENSE_ABOVE_TOKENS = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 32}
 
 
 def quantize_int8(weight: torch.Tensor) -> PackedTensors:
@@ -95,13 +96,26 @@ class QuantizedLinear(nn.Module):
         if self.ops is None:
             return F.linear(x, self.dense)
         if self.dense_above is not None and x2d.shape[0] > self.dense_above:
-            w = self.dense if self.dense is not None else self.dequantize(x.dtype)
+            w = self.dense if self.dense is not None else self.ops.dequantize(
+                self.qs, self.scales, self.mins, self.fmt, self.sub, x.dtype, out=_scratch(self.qs.shape[0],
+                                                                                           self.in_features, x.dtype))
             return F.linear(x, w)
         out = self.ops.quant_linear(x2d, self.qs, self.scales, self.mins, self.fmt, self.sub)
         return out.view(*x.shape[:-1], self.out_features)
 
 
 LinearWeight = Union[torch.Tensor, QuantizedLinear]
+
+_SCRATCH: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+
+
+def _scratch(n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """One reused buffer per weight shape for weights dequantized for a single step (layers run one
+    at a time): a fresh tensor each time costs more in page faults than the dequantization."""
+    key = (n, k, dtype)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = torch.empty(n, k, dtype=dtype)
+    return _SCRATCH[key]
 
 
 def can_quantize(weight: Any) -> bool:
@@ -118,7 +132,7 @@ class QuantizationPlan:
     """
 
     method: Optional[str]
-    dense_above: Optional[int] = DENSE_ABOVE_TOKENS
+    dense_above: Optional[int] = DENSE_ABOVE_TOKENS[torch.float32]
     keep_dense: bool = False  # keep a dense copy for large steps (memory) instead of dequantizing per step
 
     def describe(self) -> str:
@@ -141,14 +155,15 @@ def plan_quantization(requested: Optional[str], source_quantization: Optional[st
     (a float32 copy of every weight would double the memory).
     """
     keep_dense = dtype != torch.float32
+    dense_above = DENSE_ABOVE_TOKENS.get(dtype, DENSE_ABOVE_TOKENS[torch.float32])
     if requested == "none":
         return QuantizationPlan(None)
     if requested is not None:
         if requested not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, 'none' or None, got {requested!r}")
-        return QuantizationPlan(requested, keep_dense=keep_dense)
+        return QuantizationPlan(requested, dense_above, keep_dense)
     if source_quantization is not None and (dtype != torch.float32 or dtype_was_auto):
-        return QuantizationPlan("gguf", keep_dense=keep_dense)
+        return QuantizationPlan("gguf", dense_above, keep_dense)
     return QuantizationPlan(None)
 
 

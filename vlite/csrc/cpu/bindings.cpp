@@ -16,9 +16,10 @@ std::string isa() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "the instruction set this build was compiled for");
   m.def("paged_decode_attention", &vlite::paged_decode_attention);
-  m.def("quantize_activations", &vlite::quantize_activations, pybind11::arg("x"), pybind11::arg("grouped") = false);
+  m.def("quantize_activations", &vlite::quantize_activations, pybind11::arg("x"), pybind11::arg("grouped") = false, pybind11::arg("precise") = false);
   m.def("q4_group", []() { return vlite::kGroup; }, "blocks per group of the q4 activation layout");
   m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("scales"),
         pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"));
-  m.def("dequantize", &vlite::dequantize);
+  m.def("dequantize", &vlite::dequantize, pybind11::arg("qs"), pybind11::arg("scales"), pybind11::arg("mins"),
+        pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("dtype"), pybind11::arg("out") = pybind11::none());
 }

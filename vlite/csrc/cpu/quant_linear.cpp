@@ -44,68 +44,100 @@ inline int64_t q4_position(int64_t b, int64_t i, int64_t nb) {
 }
 
 // ---- activations: x [M, K] -> int8 blocks of 32 with scale d = max|x| / 127 ----
-template <typename T>
-void quantize_row(const T* x, int64_t K, bool grouped, int8_t* q, float* d, float* dsum) {
-  const int64_t nb = K / QK;
-  for (int64_t b = 0; b < nb; ++b) {
-    const T* xb = x + b * QK;
-    float xf[QK];
-    int8_t qb[QK];
-    for (int i = 0; i < QK; ++i) xf[i] = to_float(xb[i]);
+// With a residual row (float32 activations: `precise`), x ~= d * (q + q_res / 256): the rounding
+// error of the first int8 value, itself rounded to int8 at 1/256 of the step. The kernels treat
+// it as one more activation row against the same unpacked weights (one extra integer dot product
+// per block, no extra weight traffic), so products are ~16-bit accurate.
 #if defined(VLITE_X86)
-    __m256 v0 = _mm256_loadu_ps(xf), v1 = _mm256_loadu_ps(xf + 8), v2 = _mm256_loadu_ps(xf + 16),
-           v3 = _mm256_loadu_ps(xf + 24);
-    const __m256 sign = _mm256_set1_ps(-0.f);
-    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                              _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-    const float db = amax / 127.f;
-    const __m256 id = _mm256_set1_ps(db > 0.f ? 127.f / amax : 0.f);
-    const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, id), r));
-    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, id), r));
-    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, id), r));
-    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, id), r));
-    __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    s4 = _mm_hadd_epi32(s4, s4);
-    s4 = _mm_hadd_epi32(s4, s4);
-    const int32_t total = _mm_cvtsi128_si32(s4);
-    // pack 4 x 8 int32 -> 32 int8 in order (packs work within 128-bit lanes; fix with a permute)
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), p);
-#else
-    float amax = 0.f;
-    for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xf[i]));
-    const float db = amax / 127.f;
-    const float id = db > 0.f ? 127.f / amax : 0.f;
-    int32_t total = 0;
-    for (int i = 0; i < QK; ++i) {
-      const int v = static_cast<int>(std::nearbyint(xf[i] * id));
-      qb[i] = static_cast<int8_t>(v);
-      total += v;
-    }
+// 32 values -> int8 (in order) and their sum
+static inline int32_t pack_block(__m256 t0, __m256 t1, __m256 t2, __m256 t3, int8_t* out) {
+  __m256i i0 = _mm256_cvtps_epi32(t0), i1 = _mm256_cvtps_epi32(t1), i2 = _mm256_cvtps_epi32(t2),
+          i3 = _mm256_cvtps_epi32(t3);
+  __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  s4 = _mm_hadd_epi32(s4, s4);
+  s4 = _mm_hadd_epi32(s4, s4);
+  // packs work within 128-bit lanes; a permute restores the order
+  __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), p);
+  return _mm_cvtsi128_si32(s4);
+}
 #endif
-    if (grouped && kGroup > 1 && b < nb / kGroup * kGroup) {
-      std::memcpy(q + q4_position(b, 0, nb), qb, 16);
-      std::memcpy(q + q4_position(b, 16, nb), qb + 16, 16);
-    } else {
-      std::memcpy(q + b * QK, qb, QK);
-    }
-    d[b] = db;
-    dsum[b] = db * static_cast<float>(total);
+
+static inline void store_block(int8_t* q, const int8_t* qb, int64_t b, int64_t nb, bool grouped) {
+  if (grouped && kGroup > 1 && b < nb / kGroup * kGroup) {
+    std::memcpy(q + q4_position(b, 0, nb), qb, 16);
+    std::memcpy(q + q4_position(b, 16, nb), qb + 16, 16);
+  } else {
+    std::memcpy(q + b * QK, qb, QK);
   }
 }
 
 template <typename T>
-void quantize_rows(const T* x, int64_t M, int64_t K, bool grouped, int8_t* q, float* d, float* dsum) {
+void quantize_row(const T* x, int64_t K, bool grouped, int8_t* q, float* d, float* dsum, int8_t* qr, float* dr,
+                  float* dsumr) {
+  const int64_t nb = K / QK;
+  for (int64_t b = 0; b < nb; ++b) {
+    const T* xb = x + b * QK;
+    float xf[QK];
+    int8_t qb[QK], rb[QK];
+    int32_t total = 0, total_r = 0;
+    for (int i = 0; i < QK; ++i) xf[i] = to_float(xb[i]);
+    float amax = 0.f;
+    for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xf[i]));
+    const float db = amax / 127.f;
+    const float id = db > 0.f ? 127.f / amax : 0.f;
+#if defined(VLITE_X86)
+    const __m256 idv = _mm256_set1_ps(id);
+    const int rm = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m256 t[4], rt[4];
+    for (int j = 0; j < 4; ++j) {
+      t[j] = _mm256_mul_ps(_mm256_loadu_ps(xf + 8 * j), idv);
+      rt[j] = _mm256_round_ps(t[j], rm);
+    }
+    total = pack_block(rt[0], rt[1], rt[2], rt[3], qb);
+    if (qr != nullptr) {
+      const __m256 k256 = _mm256_set1_ps(256.f), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+      __m256 e[4];
+      for (int j = 0; j < 4; ++j)
+        e[j] = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(t[j], rt[j]), k256), rm)));
+      total_r = pack_block(e[0], e[1], e[2], e[3], rb);
+    }
+#else
+    for (int i = 0; i < QK; ++i) {
+      const float t = xf[i] * id;
+      const float r = std::nearbyint(t);
+      qb[i] = static_cast<int8_t>(r);
+      total += static_cast<int>(r);
+      if (qr != nullptr) {
+        const float e = std::min(127.f, std::max(-127.f, std::nearbyint((t - r) * 256.f)));
+        rb[i] = static_cast<int8_t>(e);
+        total_r += static_cast<int>(e);
+      }
+    }
+#endif
+    store_block(q, qb, b, nb, grouped);
+    d[b] = db;
+    dsum[b] = db * static_cast<float>(total);
+    if (qr != nullptr) {
+      store_block(qr, rb, b, nb, grouped);
+      dr[b] = db / 256.f;
+      dsumr[b] = dr[b] * static_cast<float>(total_r);
+    }
+  }
+}
+
+// rows of q/d/dsum: one per row of x, or two (value, residual) with `precise`
+template <typename T>
+void quantize_rows(const T* x, int64_t M, int64_t K, bool grouped, bool precise, int8_t* q, float* d, float* dsum) {
+  const int64_t nb = K / QK, per = precise ? 2 : 1;
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m)
-      quantize_row(x + m * K, K, grouped, q + m * K, d + m * (K / QK), dsum + m * (K / QK));
+    for (int64_t m = begin; m < end; ++m) {
+      const int64_t o = m * per;
+      quantize_row(x + m * K, K, grouped, q + o * K, d + o * nb, dsum + o * nb, precise ? q + (o + 1) * K : nullptr,
+                   precise ? d + (o + 1) * nb : nullptr, precise ? dsum + (o + 1) * nb : nullptr);
+    }
   });
 }
 
@@ -333,9 +365,10 @@ static inline void tile(const uint8_t* qs, int64_t nb, const S* sw, const S* mw,
   for (int r = 0; r < R; ++r) res[r] += mins_term[r];
 }
 
+// M activation rows (2 per output row with `pairs`: value and residual, summed) x N weight rows
 template <int FMT, int SUB, typename S, typename T>
 void gemm_impl(const int8_t* xq, const float* xd, const float* xds, int64_t M, int64_t K, const uint8_t* qs,
-               const S* scales, const S* mins, int64_t N, T* out) {
+               const S* scales, const S* mins, int64_t N, T* out, bool pairs) {
   const int64_t nb = K / QK;
   const int64_t row_bytes = FMT == 4 ? K / 2 : K;
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, M * nb));
@@ -347,9 +380,16 @@ void gemm_impl(const int8_t* xq, const float* xd, const float* xds, int64_t M, i
       const S* mw = mins != nullptr ? mins + n * nb : nullptr;
       const uint8_t* q = qs + n * row_bytes;
       int64_t m = 0;
+      auto emit = [&](int64_t rows) {
+        if (pairs) {
+          for (int64_t r = 0; r + 1 < rows; r += 2) out[((m + r) / 2) * N + n] = static_cast<T>(res[r] + res[r + 1]);
+        } else {
+          for (int64_t r = 0; r < rows; ++r) out[(m + r) * N + n] = static_cast<T>(res[r]);
+        }
+      };
       for (; m + kRows <= M; m += kRows) {
         tile<FMT, SUB, kRows>(q, nb, sw, mw, xq, xd, xds, m, dd.data(), res);
-        for (int r = 0; r < kRows; ++r) out[(m + r) * N + n] = static_cast<T>(res[r]);
+        emit(kRows);
       }
       switch (M - m) {
         case 3: tile<FMT, SUB, 3>(q, nb, sw, mw, xq, xd, xds, m, dd.data(), res); break;
@@ -357,7 +397,7 @@ void gemm_impl(const int8_t* xq, const float* xd, const float* xds, int64_t M, i
         case 1: tile<FMT, SUB, 1>(q, nb, sw, mw, xq, xd, xds, m, dd.data(), res); break;
         default: break;
       }
-      for (int64_t r = 0; r < M - m; ++r) out[(m + r) * N + n] = static_cast<T>(res[r]);
+      emit(M - m);
     }
   });
 }
@@ -380,25 +420,27 @@ void check_packed(const torch::Tensor& qs, const torch::Tensor& scales, const c1
 }
 }  // namespace
 
-// x [M, K] float32/bf16 -> (int8 [M, K], float32 d [M, K/32], float32 d * sum(q) [M, K/32]);
-// grouped: the int8 values in the q4 kernels' order (q4_position), else in natural order
-std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool grouped) {
+// x [M, K] float32/bf16 -> (int8 [R, K], float32 d [R, K/32], float32 d * sum(q) [R, K/32]), R = M,
+// or 2M with `precise` (rows 2m, 2m+1: value and residual of x[m]); grouped: the int8 values in the
+// q4 kernels' order (q4_position), else in natural order
+std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool grouped, bool precise) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) % QK == 0, "x must be [M, K] with K a multiple of 32");
   auto xc = x.contiguous();
-  const int64_t M = xc.size(0), K = xc.size(1);
-  auto q = torch::empty({M, K}, torch::kInt8);
-  auto d = torch::empty({M, K / QK}, torch::kFloat);
-  auto ds = torch::empty({M, K / QK}, torch::kFloat);
+  const int64_t M = xc.size(0), K = xc.size(1), R = precise ? 2 * M : M;
+  auto q = torch::empty({R, K}, torch::kInt8);
+  auto d = torch::empty({R, K / QK}, torch::kFloat);
+  auto ds = torch::empty({R, K / QK}, torch::kFloat);
   if (xc.scalar_type() == at::kFloat)
-    quantize_rows(xc.data_ptr<float>(), M, K, grouped, q.data_ptr<int8_t>(), d.data_ptr<float>(), ds.data_ptr<float>());
+    quantize_rows(xc.data_ptr<float>(), M, K, grouped, precise, q.data_ptr<int8_t>(), d.data_ptr<float>(), ds.data_ptr<float>());
   else if (xc.scalar_type() == at::kBFloat16)
-    quantize_rows(xc.data_ptr<c10::BFloat16>(), M, K, grouped, q.data_ptr<int8_t>(), d.data_ptr<float>(), ds.data_ptr<float>());
+    quantize_rows(xc.data_ptr<c10::BFloat16>(), M, K, grouped, precise, q.data_ptr<int8_t>(), d.data_ptr<float>(), ds.data_ptr<float>());
   else
     TORCH_CHECK(false, "quantize_activations: float32 or bfloat16 only");
   return {q, d, ds};
 }
 
-// y [M, N] (x's dtype) = x [M, K] @ dequant(W).T for a packed weight (fmt 4: q4, 8: q8)
+// y [M, N] (x's dtype) = x [M, K] @ dequant(W).T for a packed weight (fmt 4: q4, 8: q8); float32
+// activations get a residual row each (~16-bit products), bf16 ones a single int8 row
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor scales, c10::optional<torch::Tensor> mins,
                            int64_t fmt, int64_t sub) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D");
@@ -406,7 +448,9 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor scal
   check_packed(qs, scales, mins, fmt, sub, K);
   auto out = torch::empty({M, N}, x.options());
   if (M == 0) return out;
-  auto xq = quantize_activations(x, fmt == 4);
+  const bool precise = x.scalar_type() == at::kFloat;
+  auto xq = quantize_activations(x, fmt == 4, precise);
+  const int64_t rows = xq[0].size(0);
   const int8_t* q = xq[0].data_ptr<int8_t>();
   const float* d = xq[1].data_ptr<float>();
   const float* ds = xq[2].data_ptr<float>();
@@ -417,9 +461,9 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor scal
     const S* sp = reinterpret_cast<const S*>(scales.data_ptr());
     const S* mp = mins.has_value() ? reinterpret_cast<const S*>(mins->data_ptr()) : nullptr;
     T* o = reinterpret_cast<T*>(out.data_ptr());
-    if (fmt == 4) gemm_impl<4, 32, S, T>(q, d, ds, M, K, w, sp, mp, N, o);
-    else if (sub == 32) gemm_impl<8, 32, S, T>(q, d, ds, M, K, w, sp, mp, N, o);
-    else gemm_impl<8, 16, S, T>(q, d, ds, M, K, w, sp, mp, N, o);
+    if (fmt == 4) gemm_impl<4, 32, S, T>(q, d, ds, rows, K, w, sp, mp, N, o, precise);
+    else if (sub == 32) gemm_impl<8, 32, S, T>(q, d, ds, rows, K, w, sp, mp, N, o, precise);
+    else gemm_impl<8, 16, S, T>(q, d, ds, rows, K, w, sp, mp, N, o, precise);
   };
   auto with_scales = [&](auto out_tag) {
     if (scales.scalar_type() == at::kHalf) with_out(out_tag, c10::Half());
@@ -432,11 +476,19 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor scal
 }
 
 // The dense [N, K] weight (dtype float32 or bfloat16): for steps large enough that a dense GEMM wins.
+// `out`: a buffer to reuse (fresh pages of a new 7 MB tensor cost more than filling them).
 torch::Tensor dequantize(torch::Tensor qs, torch::Tensor scales, c10::optional<torch::Tensor> mins, int64_t fmt,
-                         int64_t sub, at::ScalarType dtype) {
+                         int64_t sub, at::ScalarType dtype, c10::optional<torch::Tensor> out_buffer) {
   const int64_t N = qs.size(0), K = fmt == 4 ? qs.size(1) * 2 : qs.size(1);
   check_packed(qs, scales, mins, fmt, sub, K);
-  auto out = torch::empty({N, K}, torch::TensorOptions().dtype(dtype));
+  torch::Tensor out;
+  if (out_buffer.has_value()) {
+    out = *out_buffer;
+    TORCH_CHECK(out.is_contiguous() && out.scalar_type() == dtype && out.dim() == 2 && out.size(0) == N &&
+                out.size(1) == K, "dequantize: out must be a contiguous [N, K] tensor of the requested dtype");
+  } else {
+    out = torch::empty({N, K}, torch::TensorOptions().dtype(dtype));
+  }
   const uint8_t* w = reinterpret_cast<const uint8_t*>(qs.data_ptr());
   auto run = [&](auto out_tag, auto scale_tag) {
     using T = decltype(out_tag);
@@ -445,25 +497,46 @@ torch::Tensor dequantize(torch::Tensor qs, torch::Tensor scales, c10::optional<t
     const S* mp = mins.has_value() ? reinterpret_cast<const S*>(mins->data_ptr()) : nullptr;
     T* o = reinterpret_cast<T*>(out.data_ptr());
     at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(K);
+      float vals[QK];
       for (int64_t n = begin; n < end; ++n) {
         for (int64_t b = 0; b < K / QK; ++b) {
-          float* rb = row.data() + b * QK;
+#if defined(VLITE_X86)
+          if constexpr (std::is_same_v<T, float>) {  // 32 values: widen to int32, scale (+ min), store
+            const __m256i q8 = fmt == 4 ? [&] {
+              const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + n * (K / 2) + b * 16));
+              return _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
+                                      _mm256_set1_epi8(0x0F));
+            }() : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + n * K + b * QK));
+            const __m256 mn = _mm256_set1_ps(mp != nullptr ? to_float(mp[n * (K / QK) + b]) : 0.f);
+            float* ob = reinterpret_cast<float*>(o) + n * K + b * QK;
+            for (int j = 0; j < 4; ++j) {
+              const __m128i part = j < 2 ? _mm256_castsi256_si128(q8) : _mm256_extracti128_si256(q8, 1);
+              const __m128i bytes = (j % 2 == 0) ? part : _mm_srli_si128(part, 8);
+              const __m256i i32 = fmt == 4 ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
+              const __m256 sc = _mm256_set1_ps(to_float(sp[n * (K / sub) + (b * QK + 8 * j) / sub]));
+              _mm256_storeu_ps(ob + 8 * j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i32), sc), mn));
+            }
+            continue;
+          }
+#endif
           if (fmt == 4) {
             const uint8_t* qb = w + n * (K / 2) + b * 16;
-            for (int i = 0; i < 16; ++i) { rb[i] = qb[i] & 0x0F; rb[i + 16] = qb[i] >> 4; }
+            for (int i = 0; i < 16; ++i) { vals[i] = qb[i] & 0x0F; vals[i + 16] = qb[i] >> 4; }
           } else {
             const int8_t* qb = reinterpret_cast<const int8_t*>(w) + n * K + b * QK;
-            for (int i = 0; i < QK; ++i) rb[i] = qb[i];
+            for (int i = 0; i < QK; ++i) vals[i] = qb[i];
           }
-          for (int i = 0; i < QK; ++i) rb[i] *= to_float(sp[n * (K / sub) + (b * QK + i) / sub]);
-          if (mp != nullptr) {
-            const float mn = to_float(mp[n * (K / QK) + b]);
-            for (int i = 0; i < QK; ++i) rb[i] += mn;
+          const float mn = mp != nullptr ? to_float(mp[n * (K / QK) + b]) : 0.f;
+          T* ob = o + n * K + b * QK;
+          for (int64_t h = 0; h < QK / sub; ++h) {  // one scale per sub-block: loops the compiler vectorizes
+            const float sc = to_float(sp[n * (K / sub) + b * (QK / sub) + h]);
+            if (mp != nullptr) {
+              for (int64_t i = h * sub; i < (h + 1) * sub; ++i) ob[i] = static_cast<T>(vals[i] * sc + mn);
+            } else {
+              for (int64_t i = h * sub; i < (h + 1) * sub; ++i) ob[i] = static_cast<T>(vals[i] * sc);
+            }
           }
         }
-        T* orow = o + n * K;
-        for (int64_t k = 0; k < K; ++k) orow[k] = static_cast<T>(row[k]);
       }
     });
   };
