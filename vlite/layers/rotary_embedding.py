@@ -51,6 +51,11 @@ class RotaryEmbedding(nn.Module):
         signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         return cos.to(dtype)[:, None, :], signed_sin.to(dtype)[:, None, :]
 
+    def get_cos_sin_f32(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same tables as [T, D] float32 rows, for the C++ in-place rotation."""
+        cos, signed_sin = self.get_cos_sin(positions, torch.float32)
+        return cos[:, 0], signed_sin[:, 0]
+
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         """x [T, heads, D] rotated by position: x * cos + rotate_half(x) * sin."""

@@ -10,6 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from typing import Any
+
+from vlite import _custom_ops
 from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata, paged_attention
 from vlite.layers.layernorm import RMSNorm
 from vlite.layers.packed import PackedTensors
@@ -35,6 +38,12 @@ def _fuse(parts: list[Weight]) -> Weight:
     return torch.cat([p.dequantize() if isinstance(p, PackedTensors) else p.float() for p in parts])
 
 
+def _fast_ops(plan: QuantizationPlan) -> Any:
+    """vlite's C++ kernels for norms, rotary and SiLU where the model runs quantized weights (a dense
+    model keeps torch's ops: float32 stays bit-for-bit the reference computation)."""
+    return _custom_ops.load() if plan.method is not None else None
+
+
 def _linear_weight(w: Weight, plan: QuantizationPlan, dtype: torch.dtype, head: bool = False
                    ) -> nn.Module | nn.Parameter:
     out = make_linear(w, plan, dtype, head=head)
@@ -55,13 +64,19 @@ class LlamaAttention(nn.Module):
                          if cfg.attention_bias else None)
         self.qkv_weight = _linear_weight(_fuse([w[f"{prefix}.{n}_proj.weight"] for n in "qkv"]), plan, dtype)
         self.o_weight = _linear_weight(w[f"{prefix}.o_proj.weight"], plan, dtype)
+        self.ops = _fast_ops(plan) if self.head_dim <= 512 else None
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
-        qkv = linear(x, self.qkv_weight, self.qkv_bias).view(-1, self.num_heads + 2 * self.num_kv_heads,
-                                                                self.head_dim)
-        qk = RotaryEmbedding.apply(qkv[:, :self.num_heads + self.num_kv_heads], *rope)  # q and k in one go
-        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
+        if self.ops is not None:  # q and k rotated in place, one call
+            self.ops.rotary_inplace(qkv, self.num_heads + self.num_kv_heads, self.head_dim, *rope)
+            qkv = qkv.view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+            q, k = qkv[:, :self.num_heads], qkv[:, self.num_heads:self.num_heads + self.num_kv_heads]
+        else:
+            qkv = qkv.view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+            qk = RotaryEmbedding.apply(qkv[:, :self.num_heads + self.num_kv_heads], *rope)  # q and k in one go
+            q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.num_heads + self.num_kv_heads:]
         o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale)
         return linear(o.reshape(-1, self.q_size), self.o_weight)
@@ -76,9 +91,13 @@ class LlamaMLP(nn.Module):
         self.gate_up_weight = _linear_weight(
             _fuse([w[f"{prefix}.gate_proj.weight"], w[f"{prefix}.up_proj.weight"]]), plan, dtype)
         self.down_weight = _linear_weight(w[f"{prefix}.down_proj.weight"], plan, dtype)
+        self.ops = _fast_ops(plan) if self.intermediate_size % 16 == 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
+        gate_up = linear(x, self.gate_up_weight)
+        if self.ops is not None:
+            return linear(self.ops.silu_and_mul(gate_up), self.down_weight)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return linear(F.silu(gate) * up, self.down_weight)
 
 
@@ -86,9 +105,11 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: LlamaArchConfig, w: Weights, i: int, plan: QuantizationPlan, dtype: torch.dtype) -> None:
         super().__init__()
         p = f"model.layers.{i}"
-        self.input_layernorm = RMSNorm(w[f"{p}.input_layernorm.weight"].to(dtype), cfg.rms_norm_eps)
+        ops = _fast_ops(plan)
+        self.input_layernorm = RMSNorm(w[f"{p}.input_layernorm.weight"].to(dtype), cfg.rms_norm_eps, ops)
         self.self_attn = LlamaAttention(cfg, w, f"{p}.self_attn", plan, dtype)
-        self.post_attention_layernorm = RMSNorm(w[f"{p}.post_attention_layernorm.weight"].to(dtype), cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(w[f"{p}.post_attention_layernorm.weight"].to(dtype), cfg.rms_norm_eps,
+                                                ops)
         self.mlp = LlamaMLP(cfg, w, f"{p}.mlp", plan, dtype)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
@@ -112,7 +133,8 @@ class LlamaForCausalLM(nn.Module):
                                                                                          dtype))
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, weights, i, plan, dtype)
                                     for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(weights["model.norm.weight"].to(dtype), cfg.rms_norm_eps)
+        self.norm = RMSNorm(weights["model.norm.weight"].to(dtype), cfg.rms_norm_eps, _fast_ops(plan))
+        self.fast_rope = _fast_ops(plan) is not None and cfg.head_dim <= 512
         lm_head = weights.get("lm_head.weight")
         tied = cfg.tie_word_embeddings or lm_head is None
         if plan.method is None:
@@ -128,7 +150,8 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
         hidden = self.embed(input_ids)
-        rope = self.rotary.get_cos_sin(positions, hidden.dtype)
+        rope = self.rotary.get_cos_sin_f32(positions) if self.fast_rope else self.rotary.get_cos_sin(positions,
+                                                                                                       hidden.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden = layer(rope, hidden, kv_cache, attn_metadata)
         return self.norm(hidden)

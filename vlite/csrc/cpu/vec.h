@@ -67,6 +67,11 @@ inline Vec16 vexp(Vec16 a) {
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
   return {_mm512_scalef_ps(p, k)};
 }
+inline Vec16 vabs(Vec16 a) { return {_mm512_abs_ps(a.v)}; }
+// where g >= 0: a, else b
+inline Vec16 select_ge0(Vec16 g, Vec16 a, Vec16 b) {
+  return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(g.v, _mm512_setzero_ps(), _CMP_GE_OQ), b.v, a.v)};
+}
 #elif defined(VLITE_AVX2)
 static inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -119,6 +124,15 @@ static inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 inline Vec16 vexp(Vec16 a) { return {exp8(a.lo), exp8(a.hi)}; }
+inline Vec16 vabs(Vec16 a) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  return {_mm256_andnot_ps(sign, a.lo), _mm256_andnot_ps(sign, a.hi)};
+}
+inline Vec16 select_ge0(Vec16 g, Vec16 a, Vec16 b) {
+  const __m256 z = _mm256_setzero_ps();
+  return {_mm256_blendv_ps(b.lo, a.lo, _mm256_cmp_ps(g.lo, z, _CMP_GE_OQ)),
+          _mm256_blendv_ps(b.hi, a.hi, _mm256_cmp_ps(g.hi, z, _CMP_GE_OQ))};
+}
 #else
 struct Vec16 {
   float v[16];
@@ -141,6 +155,18 @@ inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
   Vec16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] * b.v[i] + c.v[i]; return r;
 }
 inline Vec16 vexp(Vec16 a) { Vec16 r; for (int i = 0; i < 16; ++i) r.v[i] = std::exp(a.v[i]); return r; }
+inline Vec16 vabs(Vec16 a) { Vec16 r; for (int i = 0; i < 16; ++i) r.v[i] = std::fabs(a.v[i]); return r; }
+inline Vec16 select_ge0(Vec16 g, Vec16 a, Vec16 b) {
+  Vec16 r; for (int i = 0; i < 16; ++i) r.v[i] = g.v[i] >= 0.f ? a.v[i] : b.v[i]; return r;
+}
 #endif
+
+// store 16 lanes as T (float, or bf16 rounded to nearest even)
+inline void store16(float* p, Vec16 v) { v.store(p); }
+inline void store16(c10::BFloat16* p, Vec16 v) {
+  float tmp[16];
+  v.store(tmp);
+  for (int i = 0; i < 16; ++i) p[i] = static_cast<c10::BFloat16>(tmp[i]);
+}
 
 }  // namespace vlite

@@ -1,0 +1,60 @@
+"""The fused per-layer C++ ops (rms_norm, silu_and_mul, rotary_inplace), every ISA build this CPU
+runs, against the torch code they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vlite import _custom_ops
+from vlite.layers.rotary_embedding import RotaryEmbedding
+
+ISAS = [pytest.param(isa, marks=pytest.mark.skipif(isa not in _custom_ops.supported_isas(),
+                                                   reason=f"this CPU cannot run the {isa} build"))
+        for isa in _custom_ops.ISAS]
+
+
+@pytest.fixture(params=ISAS)
+def ops(request):
+    module = _custom_ops.load(request.param)
+    assert module is not None, "the C++ kernels failed to build"
+    return module
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_rms_norm(ops, dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(7, 576, generator=g) * 3).to(dtype)
+    w = torch.randn(576, generator=g).to(dtype)
+    ref = w.float() * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5))
+    out = ops.rms_norm(x, w, 1e-5)
+    assert out.dtype == dtype and out.shape == x.shape
+    torch.testing.assert_close(out.float(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_silu_and_mul(ops, dtype, tol):
+    g = torch.Generator().manual_seed(1)
+    gate_up = (torch.randn(5, 2 * 96, generator=g) * 30).to(dtype)  # large |gate|: exp must not overflow
+    gate_up[0, :4] = torch.tensor([0.0, -0.0, 200.0, -200.0])
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    ref = F.silu(gate) * up
+    out = ops.silu_and_mul(gate_up)
+    assert out.dtype == dtype and out.shape == (5, 96) and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_inplace(ops, dtype):
+    heads, kv_heads, d = 9, 3, 64
+    rope = RotaryEmbedding(d, 512, 10000.0, None)
+    positions = torch.tensor([0, 1, 5, 300, 511])
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * d, generator=torch.Generator().manual_seed(2)).to(dtype)
+    expected = qkv.clone().view(5, -1, d)
+    expected[:, :heads + kv_heads] = RotaryEmbedding.apply(expected[:, :heads + kv_heads].float(),
+                                                           *rope.get_cos_sin(positions, torch.float32)).to(dtype)
+    ops.rotary_inplace(qkv, heads + kv_heads, d, *rope.get_cos_sin_f32(positions))
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(qkv.view(5, -1, d).float(), expected.float(), atol=tol, rtol=tol)
+    assert torch.equal(qkv.view(5, -1, d)[:, heads + kv_heads:], expected[:, heads + kv_heads:])  # v untouched
