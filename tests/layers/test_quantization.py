@@ -232,3 +232,13 @@ def test_forced_isa_is_checked(monkeypatch):
         _custom_ops.requested_isa()
     monkeypatch.delenv(_custom_ops.ENV_ISA)
     assert _custom_ops.requested_isa() == "portable"
+
+
+def test_bench_report_names_cpu_flags_and_kernels(monkeypatch):
+    from vlite.benchmarks.utils import hardware_report, print_hardware
+
+    monkeypatch.setenv(_custom_ops.ENV_ISA, "portable")
+    report = hardware_report(None)
+    assert report["kernels"] == "portable" and report["forced_isa"] == "portable"
+    assert set(report["cpu_flags"]) <= set(_custom_ops.cpu_flags().split())
+    print_hardware(report)

@@ -119,6 +119,9 @@ def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
     """kv_cache: [2, H_kv, num_blocks, block_size, D]; key/value: [T, H_kv, D]."""
+    if _decode_kernel is not None and key.stride(2) == 1 and value.stride(2) == 1:  # one C++ call (a plain copy)
+        _decode_kernel.write_kv_cache(key, value, kv_cache, slot_mapping)
+        return
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     kv_cache[0].view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1))
     kv_cache[1].view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))

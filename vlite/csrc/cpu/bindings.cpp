@@ -21,6 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_group", []() { return vlite::kGroup; }, "blocks per group of the q4 activation layout");
   m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("scales"),
         pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"));
+  m.def("write_kv_cache", &vlite::write_kv_cache);
   m.def("rms_norm", &vlite::rms_norm);
   m.def("silu_and_mul", &vlite::silu_and_mul);
   m.def("rotary_inplace", &vlite::rotary_inplace);

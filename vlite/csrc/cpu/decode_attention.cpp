@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <cstring>
 #include <vector>
 
 #include "vec.h"
@@ -116,4 +117,32 @@ torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cach
   return out;
 }
 
+}  // namespace vlite
+
+namespace vlite {
+// kv_cache [2, H_kv, num_blocks, block_size, D] (contiguous); key, value [T, H_kv, D] (any strides
+// with contiguous heads); slot_mapping [T] int64: cache slot of each token. One call instead of
+// two index_copy_ per layer.
+void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, torch::Tensor slot_mapping) {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.is_contiguous() && key.dim() == 3 && value.sizes() == key.sizes());
+  TORCH_CHECK(key.scalar_type() == kv_cache.scalar_type() && value.scalar_type() == kv_cache.scalar_type());
+  TORCH_CHECK(key.stride(2) == 1 && value.stride(2) == 1 && slot_mapping.scalar_type() == at::kLong);
+  const int64_t T = key.size(0), HKV = key.size(1), D = key.size(2);
+  TORCH_CHECK(kv_cache.size(1) == HKV && kv_cache.size(4) == D && slot_mapping.numel() == T);
+  const int64_t slots = kv_cache.size(2) * kv_cache.size(3);
+  const int64_t esize = kv_cache.element_size();
+  auto sm = slot_mapping.contiguous();
+  const int64_t* slot = sm.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, "write_kv_cache: slot out of range");
+  char* cache = static_cast<char*>(kv_cache.data_ptr());
+  const char* src[2] = {static_cast<const char*>(key.data_ptr()), static_cast<const char*>(value.data_ptr())};
+  const int64_t st[2][2] = {{key.stride(0), key.stride(1)}, {value.stride(0), value.stride(1)}};
+  at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int kv = 0; kv < 2; ++kv)
+        for (int64_t h = 0; h < HKV; ++h)
+          std::memcpy(cache + (((kv * HKV + h) * slots) + slot[t]) * D * esize,
+                      src[kv] + (t * st[kv][0] + h * st[kv][1]) * esize, D * esize);
+  });
+}
 }  // namespace vlite
