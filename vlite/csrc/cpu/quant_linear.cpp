@@ -349,6 +349,19 @@ static inline void row_scales(const S* sw, const S* mw, int64_t nb, const float*
 }
 #endif
 
+template <typename S>
+static inline void load_floats(const S* src, int64_t n, float* dst) {
+  int64_t i = 0;
+#if defined(VLITE_X86)
+  if constexpr (std::is_same_v<S, c10::Half>) {
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(src + i));
+  } else if constexpr (std::is_same_v<S, float>) {
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(src + i));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = to_float(src[i]);
+}
+
 template <int FMT, int SUB, int R, typename S>
 static inline void tile(const uint8_t* qs, int64_t nb, const S* sw, const S* mw, const int8_t* xq, const float* xd,
                         const float* xds, int64_t m0, float* dd, float* res) {
@@ -373,11 +386,14 @@ void gemm_impl(const int8_t* xq, const float* xd, const float* xds, int64_t M, i
   const int64_t row_bytes = FMT == 4 ? K / 2 : K;
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, M * nb));
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> dd(kRows * (K / SUB));
+    std::vector<float> dd(kRows * (K / SUB)), swf(K / SUB), mwf(nb);
     float res[kRows];
     for (int64_t n = begin; n < end; ++n) {
-      const S* sw = scales + n * (K / SUB);
-      const S* mw = mins != nullptr ? mins + n * nb : nullptr;
+      // this row's scales (and mins) as float32, once for all its activation tiles
+      load_floats(scales + n * (K / SUB), K / SUB, swf.data());
+      if (mins != nullptr) load_floats(mins + n * nb, nb, mwf.data());
+      const float* sw = swf.data();
+      const float* mw = mins != nullptr ? mwf.data() : nullptr;
       const uint8_t* q = qs + n * row_bytes;
       int64_t m = 0;
       auto emit = [&](int64_t rows) {
