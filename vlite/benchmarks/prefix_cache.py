@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from vlite.benchmarks.datasets import allowed_token_ids, random_requests, tokenizer_special_ids
-from vlite.benchmarks.utils import (add_output_args, finish_profiler, jsonable_args, non_negative_int,
-                                    positive_int, print_block, setup_profiler, write_json)
+from vlite.benchmarks.utils import (add_output_args, finish_profiler, hardware_report, jsonable_args, non_negative_int,
+                                    positive_int, print_block, print_hardware, setup_profiler, write_json)
 from vlite.entrypoints.cli import _add_common_args, _load_engine, add_engine_args
 
 HELP = "TTFT of a long prompt, first (cold) vs again (prefix-cache hit)"
@@ -99,6 +99,7 @@ def run_prefix_cache(ns: argparse.Namespace) -> dict[str, Any]:
         "dtype": engine.model_config.torch_dtype_name,
         "enable_prefix_caching": ns.enable_prefix_caching,
         "args": jsonable_args(ns),
+        "hardware": hardware_report(engine),
         "pairs": pairs,
         "first_ttft_ms": 1e3 * first,
         "second_ttft_ms": 1e3 * second,
@@ -106,6 +107,7 @@ def run_prefix_cache(ns: argparse.Namespace) -> dict[str, Any]:
         "second_cached_tokens": min(p["second_cached_tokens"] for p in pairs),
     }
     caching = "on" if ns.enable_prefix_caching else "off"
+    print_hardware(results["hardware"])
     print_block(f"vlite prefix cache ({results['model']}, {results['dtype']}, prefix caching {caching})", [
         ("Prompt tokens", ns.prompt_len),
         ("Iterations (medians below)", ns.num_iters),
