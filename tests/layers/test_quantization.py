@@ -242,3 +242,16 @@ def test_bench_report_names_cpu_flags_and_kernels(monkeypatch):
     assert report["kernels"] == "portable" and report["forced_isa"] == "portable"
     assert set(report["cpu_flags"]) <= set(_custom_ops.cpu_flags().split())
     print_hardware(report)
+
+
+def test_fused_weights_of_mixed_gguf_types_run_dense():
+    """A K-quant file may mix Q4_K and Q6_K inside one fused projection: that layer runs dense."""
+    from vlite.models.llama import _fuse
+
+    a, b = random_packed("q4", 8, 64, seed=1), random_packed("q8", 4, 64, sub=16, scale_dtype=torch.float32,
+                                                            mins=False, seed=2)
+    fused = _fuse([a, b])
+    assert isinstance(fused, torch.Tensor)
+    assert torch.equal(fused, torch.cat([a.dequantize(), b.dequantize()]))
+    same = _fuse([a, random_packed("q4", 4, 64, seed=3)])
+    assert isinstance(same, PackedTensors) and same.shape == (12, 64)

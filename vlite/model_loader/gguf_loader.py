@@ -88,7 +88,10 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str
             linear_types.add(t.tensor_type.name)
         n_head = (config.num_attention_heads if ".self_attn.q_proj." in hf_name else
                   config.num_key_value_heads if ".self_attn.k_proj." in hf_name else None)
-        packed = to_packed(t.data, t.tensor_type, shape) if len(shape) == 2 else None
+        try:
+            packed = to_packed(t.data, t.tensor_type, shape) if len(shape) == 2 else None
+        except ValueError as e:  # a GGUF type vlite cannot read: name the file and the tensor too
+            raise ValueError(f"{path}: tensor {t.name!r}: {e}") from e
         if packed is not None:
             if n_head is not None:  # rows are independent in the packed layout: reorder them
                 packed = packed.rows(torch.from_numpy(unpermute_qk(np.arange(shape[0]), n_head)))
