@@ -30,7 +30,7 @@ ENV_KERNELS = "VLITE_CPU_KERNELS"
 ENV_ISA = "VLITE_CPU_ISA"
 ISAS = ("avx512", "avx2", "portable")  # best first
 _CSRC = Path(__file__).parent / "csrc" / "cpu"
-_SOURCES = ("bindings.cpp", "quant_linear.cpp", "decode_attention.cpp", "layer_ops.cpp", "vec.h")
+_SOURCES = ("bindings.cpp", "quant_linear.cpp", "decode_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "vec.h")
 
 _REQUIRED_FLAGS = {
     "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"),

@@ -94,3 +94,26 @@ def test_lower_precision_agrees_with_float32(prompts, references, dtype, quantiz
     assert rate >= min_rate, f"agrees with float32 on only {rate:.1%} of tokens"
     # The logprob of the float32 choice stays close to float32's.
     assert gaps[-1] < 1.0 and gaps[len(gaps) // 2] < 0.1
+
+
+@pytest.mark.parametrize("isa", [None, "avx2"])
+def test_fused_decode_layer_equals_layer_by_layer(prompts, isa, monkeypatch):
+    """All-decode steps of a quantized model run one C++ call per layer; it must give exactly the
+    tokens and logprobs of the same kernels called layer by layer from Python."""
+    from vlite import _custom_ops
+
+    if isa is not None:
+        if isa not in _custom_ops.supported_isas():
+            pytest.skip(f"this CPU cannot run the {isa} kernels")
+        monkeypatch.setenv(_custom_ops.ENV_ISA, isa)
+    llm = LLM(max_num_seqs=4, enable_prefix_caching=False)  # both runs compute every prompt token alike
+    model = llm.llm_engine.engine_core.model_runner.model
+    assert model._fused_layers is not None
+    params = SamplingParams(temperature=0.0, max_tokens=24, logprobs=2)
+    fused = llm.generate(prompts[:4], params, use_tqdm=False)
+    model._fused_layers = None
+    layered = llm.generate(prompts[:4], params, use_tqdm=False)
+    for a, b in zip(fused, layered):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert {t: v.logprob for t, v in la.items()} == {t: v.logprob for t, v in lb.items()}

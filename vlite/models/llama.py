@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from typing import Any
+from typing import Any, Optional
 
 from vlite import _custom_ops
 from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata, paged_attention
 from vlite.layers.layernorm import RMSNorm
 from vlite.layers.packed import PackedTensors
-from vlite.layers.quantization import QuantizationPlan, linear, make_linear
+from vlite.layers.quantization import QuantizationPlan, QuantizedLinear, linear, make_linear
 from vlite.layers.rotary_embedding import RotaryEmbedding
 from vlite.model_loader import LlamaArchConfig
 
@@ -124,6 +124,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.dtype = dtype
+        self._plan = plan
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         embed = weights["model.embed_tokens.weight"]
         # A quantized embedding stays packed where the plan runs packed weights: a lookup dequantizes
@@ -142,6 +143,28 @@ class LlamaForCausalLM(nn.Module):
         else:  # the head is the most sensitive matrix: --quantization int4 keeps it at int8
             self.lm_head = _linear_weight(embed if tied else lm_head, plan, dtype, head=True)
 
+        self._fused_layers = self._fused_decode_args()
+
+    def _fused_decode_args(self) -> Optional[list[tuple]]:
+        """Per layer, the arguments of the C++ `llama_decode_layer` (all-decode steps in one call per
+        layer), where every projection runs packed weights on the kernels; else None."""
+        ops = _fast_ops(self._plan)
+        if ops is None or self.config.head_dim % 16 or self.config.head_dim > 256:
+            return None
+        out = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = [attn.qkv_weight, attn.o_weight, mlp.gate_up_weight, mlp.down_weight]
+            if not all(isinstance(w, QuantizedLinear) and w.ops is not None for w in linears) or mlp.ops is None:
+                return None
+            packed = [ops.PackedLinear(*w._args) for w in linears]
+            out.append((layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                        layer.input_layernorm.eps, packed, attn.qkv_bias, attn.num_heads, attn.num_kv_heads,
+                        attn.head_dim))
+        self._fused_max_tokens = min(w.dense_above or 1 << 30 for layer in self.layers
+                                     for w in (layer.self_attn.qkv_weight, layer.mlp.down_weight))
+        return out
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.packed_embed is not None:
             return self.packed_embed.rows(input_ids).dequantize(torch.float32).to(self.dtype)
@@ -152,6 +175,17 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.embed(input_ids)
         rope = self.rotary.get_cos_sin_f32(positions) if self.fast_rope else self.rotary.get_cos_sin(positions,
                                                                                                        hidden.dtype)
+        d = attn_metadata.decode
+        if (self._fused_layers is not None and not attn_metadata.prefills and d is not None
+                and hidden.shape[0] <= self._fused_max_tokens and hidden.dtype in (torch.float32, torch.bfloat16)):
+            # every token a decode: one C++ call per layer
+            fused = self._fused_layers[0]
+            scale = fused[7] ** -0.5
+            ops = _fast_ops(self._plan)
+            for args, kv_cache in zip(self._fused_layers, kv_caches):
+                hidden = ops.llama_decode_layer(hidden, *args, *rope, kv_cache, attn_metadata.slot_mapping,
+                                                d.block_table, d.seq_lens, scale)
+            return self.norm(hidden)
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden = layer(rope, hidden, kv_cache, attn_metadata)
         return self.norm(hidden)

@@ -5,6 +5,7 @@
 #include "decode_attention.cpp"
 #include "layer_ops.cpp"
 #include "quant_linear.cpp"
+#include "decode_layer.cpp"
 
 std::string isa() {
 #if defined(__AVX512VNNI__) && defined(VLITE_AVX512)
@@ -22,6 +23,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("scales"),
         pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"));
   m.def("write_kv_cache", &vlite::write_kv_cache);
+  pybind11::class_<vlite::PackedLinear>(m, "PackedLinear", pybind11::module_local())  // one per ISA module
+      .def(pybind11::init<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, int64_t, int64_t>());
+  m.def("llama_decode_layer", &vlite::llama_decode_layer);
   m.def("rms_norm", &vlite::rms_norm);
   m.def("silu_and_mul", &vlite::silu_and_mul);
   m.def("rotary_inplace", &vlite::rotary_inplace);

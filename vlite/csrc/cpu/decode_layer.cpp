@@ -1,0 +1,42 @@
+// One Llama-style decoder layer for a step of decode tokens, in a single call: the same kernels the
+// Python layer calls one by one (rms_norm, quant_linear, rotary_inplace, write_kv_cache,
+// paged_decode_attention, silu_and_mul), minus ~10 Python-level calls per layer. At one token
+// per request, those calls cost about as much as the arithmetic.
+#include <torch/extension.h>
+
+namespace vlite {
+
+struct PackedLinear {
+  torch::Tensor qs, scales;
+  c10::optional<torch::Tensor> mins;
+  int64_t fmt, sub;
+};
+
+static torch::Tensor run_linear(const torch::Tensor& x, const PackedLinear& w) {
+  return quant_linear(x, w.qs, w.scales, w.mins, w.fmt, w.sub);
+}
+
+// hidden [T, hidden] (every token a decode); weights: per projection (qs, scales, mins or None,
+// fmt, sub) for qkv, o, gate_up, down; returns the layer's output hidden [T, hidden]
+torch::Tensor llama_decode_layer(torch::Tensor hidden, torch::Tensor input_norm, torch::Tensor post_norm, double eps,
+                                 std::vector<PackedLinear> linears, c10::optional<torch::Tensor> qkv_bias,
+                                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, torch::Tensor cos,
+                                 torch::Tensor signed_sin, torch::Tensor kv_cache, torch::Tensor slot_mapping,
+                                 torch::Tensor block_table, torch::Tensor seq_lens, double scale) {
+  TORCH_CHECK(linears.size() == 4, "llama_decode_layer: qkv, o, gate_up, down");
+  const int64_t T = hidden.size(0);
+  auto x = rms_norm(hidden, input_norm, eps);
+  auto qkv = run_linear(x, linears[0]);
+  if (qkv_bias.has_value()) qkv.add_(*qkv_bias);
+  rotary_inplace(qkv, num_heads + num_kv_heads, head_dim, cos, signed_sin);
+  auto qkv3 = qkv.view({T, num_heads + 2 * num_kv_heads, head_dim});
+  auto k = qkv3.narrow(1, num_heads, num_kv_heads), v = qkv3.narrow(1, num_heads + num_kv_heads, num_kv_heads);
+  write_kv_cache(k, v, kv_cache, slot_mapping);
+  auto o = paged_decode_attention(qkv3.narrow(1, 0, num_heads), kv_cache.select(0, 0), kv_cache.select(0, 1),
+                                  block_table, seq_lens, scale);
+  auto h = hidden + run_linear(o.view({T, num_heads * head_dim}), linears[1]);
+  auto gate_up = run_linear(rms_norm(h, post_norm, eps), linears[2]);
+  return h.add_(run_linear(silu_and_mul(gate_up), linears[3]));
+}
+
+}  // namespace vlite
