@@ -54,8 +54,8 @@ def requested_isa() -> str:
     if want not in ISAS:
         raise ValueError(f"{ENV_ISA} must be one of {('auto',) + ISAS}, got {want!r}")
     if want not in supported:
-        raise ValueError(f"{ENV_ISA}={want}: this CPU lacks {[f for f in _REQUIRED_FLAGS[want] if f not in cpu_flags().split()]}"
-                         f" (it supports {supported})")
+        missing = [f for f in _REQUIRED_FLAGS[want] if f not in cpu_flags().split()]
+        raise ValueError(f"{ENV_ISA}={want}: this CPU lacks {missing} (it supports {supported})")
     return want
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -11,8 +12,10 @@ QUANTIZATION_METHODS = ("int8", "int4")
 QUANTIZATION_CHOICES = ("none", *QUANTIZATION_METHODS)
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_flags() -> str:
-    """The `flags` line of /proc/cpuinfo ("" where there is none)."""
+    """The `flags` line of /proc/cpuinfo ("" where there is none); read once: the kernel loader and
+    every quantized layer ask for it."""
     try:
         with open("/proc/cpuinfo") as f:
             return next((line for line in f if line.startswith("flags")), "")

@@ -6,11 +6,11 @@ attention metadata explicitly.
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from typing import Any, Optional
 
 from vlite import _custom_ops
 from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata, paged_attention
@@ -135,7 +135,8 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, weights, i, plan, dtype)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(weights["model.norm.weight"].to(dtype), cfg.rms_norm_eps, _fast_ops(plan))
-        self.fast_rope = _fast_ops(plan) is not None and cfg.head_dim <= 512
+        # the rotary tables the attention layers take: float32 rows for their in-place C++ rotation
+        self.fast_rope = self.layers[0].self_attn.ops is not None
         lm_head = weights.get("lm_head.weight")
         tied = cfg.tie_word_embeddings or lm_head is None
         if plan.method is None:
@@ -148,7 +149,7 @@ class LlamaForCausalLM(nn.Module):
     def _fused_decode_args(self) -> Optional[list[tuple]]:
         """Per layer, the arguments of the C++ `llama_decode_layer` (all-decode steps in one call per
         layer), where every projection runs packed weights on the kernels; else None."""
-        ops = _fast_ops(self._plan)
+        ops = self._fused_ops = _fast_ops(self._plan)
         if ops is None or self.config.head_dim % 16 or self.config.head_dim > 256:
             return None
         out = []
@@ -179,12 +180,10 @@ class LlamaForCausalLM(nn.Module):
         if (self._fused_layers is not None and not attn_metadata.prefills and d is not None
                 and hidden.shape[0] <= self._fused_max_tokens and hidden.dtype in (torch.float32, torch.bfloat16)):
             # every token a decode: one C++ call per layer
-            fused = self._fused_layers[0]
-            scale = fused[7] ** -0.5
-            ops = _fast_ops(self._plan)
+            scale = self.layers[0].self_attn.scale
             for args, kv_cache in zip(self._fused_layers, kv_caches):
-                hidden = ops.llama_decode_layer(hidden, *args, *rope, kv_cache, attn_metadata.slot_mapping,
-                                                d.block_table, d.seq_lens, scale)
+                hidden = self._fused_ops.llama_decode_layer(hidden, *args, *rope, kv_cache, attn_metadata.slot_mapping,
+                                                            d.block_table, d.seq_lens, scale)
             return self.norm(hidden)
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden = layer(rope, hidden, kv_cache, attn_metadata)
