@@ -32,6 +32,11 @@ class PackedTensors:
     sub: int = QK  # inputs per scale: 32, or 16 (q8 only)
 
     @property
+    def bits(self) -> int:
+        """The C++ kernels' name for the layout: 4 (q4) or 8 (q8)."""
+        return 4 if self.fmt == "q4" else 8
+
+    @property
     def shape(self) -> tuple[int, int]:
         n = self.qs.shape[0]
         return n, self.qs.shape[1] * (2 if self.fmt == "q4" else 1)

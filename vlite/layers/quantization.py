@@ -68,7 +68,7 @@ class QuantizedLinear(nn.Module):
                  keep_dense: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = packed.shape
-        self.fmt, self.sub = (4 if packed.fmt == "q4" else 8), packed.sub
+        self.fmt, self.sub = packed.bits, packed.sub
         self.dtype = dtype
         self.dense_above = dense_above
         self.ops = _custom_ops.load()
@@ -87,12 +87,10 @@ class QuantizedLinear(nn.Module):
     def packed(self) -> PackedTensors:
         return PackedTensors("q4" if self.fmt == 4 else "q8", self.qs, self.scales, self.mins, self.sub)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.qs is None:
             return self.dense.to(dtype)
-        if self.ops is not None:
-            return self.ops.dequantize(self.qs, self.scales, self.mins, self.fmt, self.sub, dtype)
-        return self.packed().dequantize(dtype)
+        return dequantize_packed(self.packed(), dtype, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ops is None:
@@ -101,9 +99,8 @@ class QuantizedLinear(nn.Module):
             return self.ops.quant_linear(x, *self._args)
         x2d = x.reshape(-1, self.in_features)
         if self.dense_above is not None and x2d.shape[0] > self.dense_above:
-            w = self.dense if self.dense is not None else self.ops.dequantize(
-                self.qs, self.scales, self.mins, self.fmt, self.sub, x.dtype, out=_scratch(self.qs.shape[0],
-                                                                                           self.in_features, x.dtype))
+            w = self.dense if self.dense is not None else self.dequantize(
+                x.dtype, out=_scratch(self.out_features, self.in_features, x.dtype))
             return F.linear(x, w)
         out = self.ops.quant_linear(x2d, *self._args)
         return out.view(*x.shape[:-1], self.out_features)
@@ -190,13 +187,17 @@ def make_linear(weight: Union[torch.Tensor, PackedTensors], plan: QuantizationPl
     return QuantizedLinear(packed, dtype, dense_above=plan.dense_above, keep_dense=plan.keep_dense)
 
 
+def dequantize_packed(packed: PackedTensors, dtype: torch.dtype, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The dense weight of packed blocks: the C++ kernel (into `out` when given), else plain torch."""
+    kernels = _custom_ops.load()
+    if kernels is not None:
+        return kernels.dequantize(packed.qs, packed.scales, packed.mins, packed.bits, packed.sub, dtype, out=out)
+    return packed.dequantize(dtype)
+
+
 def _dense(weight: Union[torch.Tensor, PackedTensors], dtype: torch.dtype) -> torch.Tensor:
     if isinstance(weight, PackedTensors):
-        kernels = _custom_ops.load()
-        if kernels is not None:
-            return kernels.dequantize(weight.qs, weight.scales, weight.mins, 4 if weight.fmt == "q4" else 8,
-                                      weight.sub, torch.float32).to(dtype)
-        return weight.dequantize(torch.float32).to(dtype)
+        return dequantize_packed(weight, torch.float32).to(dtype)
     return weight.to(dtype).contiguous()
 
 
