@@ -142,12 +142,6 @@ void quantize_rows(const T* x, int64_t M, int64_t K, bool grouped, bool precise,
 }
 
 #if defined(VLITE_X86)
-static inline float hsum8_ps(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 load8(const c10::Half* p) {
@@ -271,7 +265,7 @@ static inline void dot_row(const uint8_t* qs, int64_t nb, const int8_t* const* x
     }
   }
   for (int r = 0; r < R; ++r) {
-    res[r] = hsum8_ps(acc[r]);
+    res[r] = hsum8(acc[r]);
 #if defined(VLITE_AVX512)
     res[r] += _mm512_reduce_add_ps(acc5[r]);
 #endif
@@ -300,7 +294,7 @@ static inline void row_scales(const S* sw, const S* mw, int64_t nb, const float*
       __m256 acc = _mm256_setzero_ps();
       int64_t b = 0;
       for (; b + 8 <= nb; b += 8) acc = _mm256_fmadd_ps(load8(mw + b), _mm256_loadu_ps(xsr + b), acc);
-      float s = hsum8_ps(acc);
+      float s = hsum8(acc);
       for (; b < nb; ++b) s += to_float(mw[b]) * xsr[b];
       mins_term[r] = s;
     } else {

@@ -32,6 +32,16 @@ inline float to_float(float v) { return v; }
 inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
 inline float to_float(c10::Half v) { return static_cast<float>(v); }
 
+#if defined(VLITE_X86)
+// sum of the 8 lanes (both x86 builds: the AVX-512 one also works in 256-bit registers)
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
 #if defined(VLITE_AVX512)
 struct Vec16 {
   __m512 v;
@@ -73,12 +83,6 @@ inline Vec16 select_ge0(Vec16 g, Vec16 a, Vec16 b) {
   return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(g.v, _mm512_setzero_ps(), _CMP_GE_OQ), b.v, a.v)};
 }
 #elif defined(VLITE_AVX2)
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 static inline float hmax8(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
