@@ -1,5 +1,5 @@
-"""The fused per-layer C++ ops (rms_norm, silu_and_mul, rotary_inplace), every ISA build this CPU
-runs, against the torch code they replace."""
+"""The fused per-layer C++ ops (rms_norm, silu_and_mul, rotary_inplace), on every ISA build this CPU
+runs (the `ops` fixture, conftest.py), against the torch code they replace."""
 
 from __future__ import annotations
 
@@ -7,20 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlite import _custom_ops
 from vlite.layers.rotary_embedding import RotaryEmbedding
-
-ISAS = [pytest.param(isa, marks=pytest.mark.skipif(isa not in _custom_ops.supported_isas(),
-                                                   reason=f"this CPU cannot run the {isa} build"))
-        for isa in _custom_ops.ISAS]
-
-
-@pytest.fixture(params=ISAS)
-def ops(request):
-    module = _custom_ops.load(request.param)
-    assert module is not None, "the C++ kernels failed to build"
-    return module
-
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
 def test_rms_norm(ops, dtype, tol):

@@ -1,8 +1,5 @@
-"""Block-quantized linear layers: every kernel build this CPU runs against plain float reference code.
-
-An AVX-512 machine runs the avx512, avx2 and portable builds, an AVX2 one the last two: none is
-skipped just because CI has the better CPU.
-"""
+"""Block-quantized linear layers: every kernel build this CPU runs (the `ops` fixture, conftest.py)
+against plain float reference code."""
 
 from __future__ import annotations
 
@@ -20,19 +17,6 @@ from vlite.layers.quantization import (
     quantize_int4,
     quantize_int8,
 )
-
-ISAS = [pytest.param(isa, marks=pytest.mark.skipif(isa not in _custom_ops.supported_isas(),
-                                                   reason=f"this CPU cannot run the {isa} build"))
-        for isa in _custom_ops.ISAS]
-
-
-@pytest.fixture(params=ISAS)
-def ops(request):
-    module = _custom_ops.load(request.param)
-    assert module is not None, "the C++ kernels failed to build"
-    assert module.isa().startswith(request.param)
-    return module
-
 
 def random_packed(fmt: str, n: int, k: int, sub: int = 32, scale_dtype=torch.float16, mins: bool = True,
                   seed: int = 0) -> PackedTensors:
