@@ -36,8 +36,14 @@ class OpenAIError(Exception):
                           "param": self.param, "code": self.status}}
 
 
+# Characters that json.dumps(ensure_ascii=False) leaves raw but that line splitters treat as line
+# ends (str.splitlines, and httpx's aiter_lines built on it): a generated U+2028 would cut an SSE
+# event in two for such clients. Escaped, the JSON decodes to the same text.
+_SSE_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def sse(data: Any) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(data, ensure_ascii=False).translate(_SSE_LINE_BREAKS)}\n\n"
 
 
 @dataclass
