@@ -54,13 +54,15 @@ LAYOUTS = [("q4", 32, torch.float16, True), ("q4", 32, torch.float32, True), ("q
 @pytest.mark.parametrize("fmt,sub,scale_dtype,mins", LAYOUTS)
 @pytest.mark.parametrize("k", [32, 96, 224, 576])  # 1, 3, 7 and 18 blocks: every group/tail split
 def test_kernel_matches_reference(ops, fmt, sub, scale_dtype, mins, k):
-    p = random_packed(fmt, 37, k, sub, scale_dtype, mins, seed=k)
+    p = random_packed(fmt, 37, k, sub, scale_dtype, mins, seed=k)  # 37 rows: two whole tiles and a part
     w = p.dequantize()
-    assert torch.equal(ops.dequantize(p.qs, p.scales, p.mins, 4 if fmt == "q4" else 8, sub, torch.float32), w)
+    t = p.tiled()
+    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    assert torch.equal(ops.dequantize(*args, torch.float32), w)
     for m in (1, 2, 3, 4, 5, 11):
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
-            y = ops.quant_linear(x, p.qs, p.scales, p.mins, 4 if fmt == "q4" else 8, sub)
+            y = ops.quant_linear(x, *args)
             assert y.shape == (m, 37) and y.dtype == dtype
             # Exactly the int8-activation product (up to float32 summation order) ...
             ref = quantized_activations_reference(x, precise=dtype == torch.float32) @ w.t()
@@ -73,25 +75,38 @@ def test_kernel_matches_reference(ops, fmt, sub, scale_dtype, mins, k):
             assert (y.float() - full).abs().max().item() <= rel * full.abs().max().item() + 1e-4
 
 
-def test_activation_layout(ops):
-    """Grouped (q4) activations are the natural ones permuted block-group-wise; values and scales agree."""
+@pytest.mark.parametrize("fmt,sub,scale_dtype,mins", LAYOUTS)
+def test_tiled_layout_round_trips(fmt, sub, scale_dtype, mins):
+    """The kernels' row-tiled copy holds every value of the row-major one, in the documented places."""
+    p = random_packed(fmt, 21, 64, sub, scale_dtype, mins)
+    t = p.tiled()
+    assert t.qt.shape == (2, 64 * 16 // (2 if fmt == "q4" else 1)) and t.scales.shape == (2, 64 // sub, 16)
+    back = t.untiled()
+    for a, b in ((p.qs, back.qs), (p.scales, back.scales), (p.mins, back.mins)):
+        assert (a is None and b is None) or torch.equal(a, b)
+    # row 17 = tile 1, lane 1; block 1, chunk 2: its 4 bytes sit at (1 * chunks + 2) * 64 + 1 * 4
+    chunks = 4 if fmt == "q4" else 8
+    got = t.qt[1, (1 * chunks + 2) * 64 + 4:(1 * chunks + 2) * 64 + 8]
+    if fmt == "q4":
+        assert torch.equal(got, p.qs[17, 16 + 8:16 + 12])  # block 1's bytes 8..11
+    else:
+        assert torch.equal(got, (p.qs[17, 32 + 8:32 + 12].view(torch.uint8) ^ 0x80))
+
+
+def test_activation_quantization(ops):
+    """Values, scales and sums of the int8 activations (and of the residual rows of `precise`)."""
     x = torch.randn(3, 576, generator=torch.Generator().manual_seed(5))
-    q, d, ds = ops.quantize_activations(x)
-    qg, dg, dsg = ops.quantize_activations(x, True)
-    assert torch.equal(d, dg) and torch.equal(ds, dsg)
-    g, nb = ops.q4_group(), 576 // QK
-    perm = torch.arange(576).view(nb, QK)
-    whole = nb // g * g
-    grouped = perm[:whole].view(nb // g, g, 2, 16).transpose(1, 2).reshape(-1)
-    expected = q[:, torch.cat([grouped, perm[whole:].reshape(-1)])]
-    assert torch.equal(qg, expected)
+    nb = 576 // QK
+    q, d, ds, hs = ops.quantize_activations(x)
     torch.testing.assert_close(q.float() * d.repeat_interleave(QK, 1), quantized_activations_reference(x),
                                atol=1e-6, rtol=0)
     torch.testing.assert_close(ds, d * q.view(3, nb, QK).sum(-1).float())
+    assert torch.equal(hs, q.view(3, 2 * nb, 16).sum(-1, dtype=torch.int32))
     # precise: rows 2m (value) and 2m + 1 (residual, scale d / 256)
-    qp, dp, dsp = ops.quantize_activations(x, False, True)
+    qp, dp, dsp, hsp = ops.quantize_activations(x, True)
     assert qp.shape == (6, 576) and torch.equal(qp[0::2], q) and torch.equal(dp[0::2], d)
     torch.testing.assert_close(dp[1::2], d / 256)
+    assert torch.equal(hsp, qp.view(6, 2 * nb, 16).sum(-1, dtype=torch.int32))
     deq = (qp.float() * dp.repeat_interleave(QK, 1)).view(3, 2, 576).sum(1)
     # (a residual that lands on a rounding tie may go either way: one residual step)
     step = d.repeat_interleave(QK, 1) / 256
@@ -100,17 +115,20 @@ def test_activation_layout(ops):
 
 
 def test_zero_rows_and_empty_batch(ops):
-    p = random_packed("q4", 16, 64)
-    assert ops.quant_linear(torch.zeros(2, 64), p.qs, p.scales, p.mins, 4, 32).abs().max() == 0 or p.mins is not None
-    assert ops.quant_linear(torch.zeros(0, 64), p.qs, p.scales, p.mins, 4, 32).shape == (0, 16)
+    t = random_packed("q4", 16, 64, mins=False).tiled()
+    args = (t.qt, t.scales, t.mins, 4, 32, 16)
+    assert ops.quant_linear(torch.zeros(2, 64), *args).abs().max() == 0
+    assert ops.quant_linear(torch.zeros(0, 64), *args).shape == (0, 16)
 
 
 def test_kernel_rejects_bad_layouts(ops):
-    p = random_packed("q4", 16, 64)
+    t = random_packed("q4", 16, 64).tiled()
     with pytest.raises(RuntimeError, match="K must be a multiple of 32"):
-        ops.quant_linear(torch.randn(1, 48), p.qs[:, :24].contiguous(), p.scales[:, :1].contiguous(), None, 4, 32)
+        ops.quant_linear(torch.randn(1, 48), t.qt, t.scales, t.mins, 4, 32, 16)
     with pytest.raises(RuntimeError, match="sub must be"):
-        ops.quant_linear(torch.randn(1, 64), p.qs, p.scales, p.mins, 4, 16)
+        ops.quant_linear(torch.randn(1, 64), t.qt, t.scales, t.mins, 4, 16, 16)
+    with pytest.raises(RuntimeError, match="bad tiled weight"):
+        ops.quant_linear(torch.randn(1, 64), t.qt, t.scales, t.mins, 4, 32, 17)  # 17 rows need 2 tiles
 
 
 def reference_int8(w: torch.Tensor) -> torch.Tensor:
@@ -168,7 +186,7 @@ def test_layer_bias_dense_above_and_torch_fallback(method, monkeypatch):
     # Without the C++ kernels the layer keeps only the dense weight and gives the same dense result.
     monkeypatch.setattr(_custom_ops, "load", lambda isa=None: None)
     fallback = make_linear(w, plan, torch.float32)
-    assert fallback.qs is None and torch.equal(fallback.dense, deq)
+    assert fallback.tiled is None and torch.equal(fallback.dense, deq)
     torch.testing.assert_close(linear(x[:1], fallback), x[:1] @ deq.t(), atol=1e-5, rtol=1e-5)
 
 

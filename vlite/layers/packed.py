@@ -11,6 +11,10 @@ GGUF files store them, with a scale (and optionally a min) per block:
 none). Scales are float16 where the source's are (Q4_0, Q4_1, Q8_0, ...: exact), float32 where a
 scale is a product (K-quants: d * sub-scale). Every GGUF type the kernels read maps to one of these
 two layouts without changing a single weight value.
+
+The kernels read a row-tiled copy (`TiledTensors`, made once at load by `PackedTensors.tiled()`):
+16 output rows per tile, and in each block the 4-input chunks of the 16 rows side by side, so that
+one vector register holds the same inputs of many rows (see quant_linear.cpp).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Optional
 import torch
 
 QK = 32  # inputs per block
+TILE = 16  # output rows per tile of the kernels' layout
 
 
 @dataclass
@@ -72,3 +77,57 @@ class PackedTensors:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.qs, self.scales, self.mins) if t is not None)
+
+    def tiled(self) -> TiledTensors:
+        """The kernels' row-tiled layout of these weights (every value unchanged).
+
+        qt uint8 [tiles, K/32 * 16 * bytes per row-block]: per block, chunk j (4 inputs) of rows 0..15;
+        q4 chunk p holds inputs 4p..4p+3 (low nibbles) and 16+4p.. (high), as GGUF's bytes 4p..4p+3
+        do; q8 chunk j holds inputs 4j..4j+3 as w + 128 (uint8). Scales [tiles, K/sub, 16], mins
+        [tiles, K/32, 16]; rows past N are zero padding.
+        """
+        n, k = self.shape
+        tiles = -(-n // TILE)
+        pad = tiles * TILE - n
+        nb = k // QK
+        qs = self.qs if self.fmt == "q4" else self.qs.view(torch.uint8) ^ 0x80
+        chunks = 4 if self.fmt == "q4" else 8
+        qs = torch.nn.functional.pad(qs, (0, 0, 0, pad))
+        qt = qs.view(tiles, TILE, nb, chunks, 4).permute(0, 2, 3, 1, 4).reshape(tiles, -1).contiguous()
+
+        def by_tile(t: torch.Tensor) -> torch.Tensor:
+            t = torch.nn.functional.pad(t, (0, 0, 0, pad))
+            return t.view(tiles, TILE, t.shape[1]).transpose(1, 2).contiguous()
+
+        return TiledTensors(self.bits, qt, by_tile(self.scales), None if self.mins is None else by_tile(self.mins),
+                            self.sub, n, k)
+
+
+@dataclass
+class TiledTensors:
+    """Packed weights in the kernels' row-tiled layout (PackedTensors.tiled())."""
+
+    bits: int  # 4 (q4) or 8 (q8)
+    qt: torch.Tensor
+    scales: torch.Tensor
+    mins: Optional[torch.Tensor]
+    sub: int
+    n: int  # output rows (the tiles hold a multiple of 16)
+    k: int
+
+    def untiled(self) -> PackedTensors:
+        """Back to the row-major layout (reference code and tests)."""
+        tiles, nb = self.qt.shape[0], self.k // QK
+        chunks = 4 if self.bits == 4 else 8
+        qs = self.qt.view(tiles, nb, chunks, TILE, 4).permute(0, 3, 1, 2, 4).reshape(tiles * TILE, -1)[:self.n]
+        if self.bits == 8:
+            qs = (qs ^ 0x80).view(torch.int8)
+
+        def by_row(t: torch.Tensor) -> torch.Tensor:
+            return t.transpose(1, 2).reshape(tiles * TILE, -1)[:self.n].contiguous()
+
+        return PackedTensors("q4" if self.bits == 4 else "q8", qs.contiguous(), by_row(self.scales),
+                             None if self.mins is None else by_row(self.mins), self.sub)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qt, self.scales, self.mins) if t is not None)

@@ -28,7 +28,7 @@ from torch import nn
 
 from vlite import _custom_ops
 from vlite.config import QUANTIZATION_METHODS
-from vlite.layers.packed import QK, PackedTensors
+from vlite.layers.packed import QK, PackedTensors, TiledTensors
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ def quantize_int4(weight: torch.Tensor) -> PackedTensors:
 
 
 class QuantizedLinear(nn.Module):
-    """y = x @ dequant(W).T from packed blocks (a bias is added by `linear`)."""
+    """y = x @ dequant(W).T from packed blocks (a bias is added by `linear`), read by the kernels in
+    their row-tiled layout (the row-major PackedTensors is not kept)."""
 
     def __init__(self, packed: PackedTensors, dtype: torch.dtype, dense_above: Optional[int] = None,
                  keep_dense: bool = False) -> None:
@@ -72,25 +73,28 @@ class QuantizedLinear(nn.Module):
         self.dtype = dtype
         self.dense_above = dense_above
         self.ops = _custom_ops.load()
-        self.register_buffer("qs", packed.qs)
-        self.register_buffer("scales", packed.scales)
-        self.register_buffer("mins", packed.mins)
         self.dense: Optional[torch.Tensor] = None
-        if self.ops is None or keep_dense:
-            self.dense = self.dequantize(dtype)
         if self.ops is None:  # the torch path: only the dense weight
-            self.qs = self.scales = self.mins = None
+            self.tiled = None
+            self.dense = packed.dequantize(torch.float32).to(dtype)
+            self._args: tuple = ()
+            return
+        self.tiled = packed.tiled()
+        if keep_dense:
+            self.dense = self.dequantize(dtype)
         # The kernel's weight arguments as a plain tuple: read once per call without nn.Module's
-        # buffer lookups (121 calls per decode step of the default model).
-        self._args = (self.qs, self.scales, self.mins, self.fmt, self.sub)
+        # attribute lookups (121 calls per decode step of the default model).
+        t = self.tiled
+        self._args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
 
     def packed(self) -> PackedTensors:
-        return PackedTensors("q4" if self.fmt == 4 else "q8", self.qs, self.scales, self.mins, self.sub)
+        assert self.tiled is not None, "the torch fallback keeps only the dense weight"
+        return self.tiled.untiled()
 
     def dequantize(self, dtype: torch.dtype = torch.float32, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if self.qs is None:
+        if self.tiled is None:
             return self.dense.to(dtype)
-        return dequantize_packed(self.packed(), dtype, out)
+        return dequantize_packed(self.tiled, dtype, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ops is None:
@@ -187,12 +191,14 @@ def make_linear(weight: Union[torch.Tensor, PackedTensors], plan: QuantizationPl
     return QuantizedLinear(packed, dtype, dense_above=plan.dense_above, keep_dense=plan.keep_dense)
 
 
-def dequantize_packed(packed: PackedTensors, dtype: torch.dtype, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def dequantize_packed(packed: PackedTensors | TiledTensors, dtype: torch.dtype,
+                      out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The dense weight of packed blocks: the C++ kernel (into `out` when given), else plain torch."""
     kernels = _custom_ops.load()
-    if kernels is not None:
-        return kernels.dequantize(packed.qs, packed.scales, packed.mins, packed.bits, packed.sub, dtype, out=out)
-    return packed.dequantize(dtype)
+    if kernels is None:
+        return (packed.untiled() if isinstance(packed, TiledTensors) else packed).dequantize(dtype)
+    t = packed if isinstance(packed, TiledTensors) else packed.tiled()
+    return kernels.dequantize(t.qt, t.scales, t.mins, t.bits, t.sub, t.n, dtype, out=out)
 
 
 def _dense(weight: Union[torch.Tensor, PackedTensors], dtype: torch.dtype) -> torch.Tensor:

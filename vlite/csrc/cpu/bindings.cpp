@@ -18,17 +18,18 @@ std::string isa() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "the instruction set this build was compiled for");
   m.def("paged_decode_attention", &vlite::paged_decode_attention);
-  m.def("quantize_activations", &vlite::quantize_activations, pybind11::arg("x"), pybind11::arg("grouped") = false, pybind11::arg("precise") = false);
-  m.def("q4_group", []() { return vlite::kGroup; }, "blocks per group of the q4 activation layout");
-  m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("scales"),
-        pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"));
+  m.def("quantize_activations", &vlite::quantize_activations, pybind11::arg("x"), pybind11::arg("precise") = false);
+  m.def("tile_rows", []() { return vlite::kTile; }, "output rows per tile of the packed weight layout");
+  m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qt"), pybind11::arg("scales"),
+        pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("n"));
   m.def("write_kv_cache", &vlite::write_kv_cache);
   pybind11::class_<vlite::PackedLinear>(m, "PackedLinear", pybind11::module_local())  // one per ISA module
-      .def(pybind11::init<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, int64_t, int64_t>());
+      .def(pybind11::init<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t>());
   m.def("llama_decode_layer", &vlite::llama_decode_layer);
   m.def("rms_norm", &vlite::rms_norm);
   m.def("silu_and_mul", &vlite::silu_and_mul);
   m.def("rotary_inplace", &vlite::rotary_inplace);
-  m.def("dequantize", &vlite::dequantize, pybind11::arg("qs"), pybind11::arg("scales"), pybind11::arg("mins"),
-        pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("dtype"), pybind11::arg("out") = pybind11::none());
+  m.def("dequantize", &vlite::dequantize, pybind11::arg("qt"), pybind11::arg("scales"), pybind11::arg("mins"),
+        pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("n"), pybind11::arg("dtype"),
+        pybind11::arg("out") = pybind11::none());
 }

@@ -7,17 +7,17 @@
 namespace vlite {
 
 struct PackedLinear {
-  torch::Tensor qs, scales;
+  torch::Tensor qt, scales;
   c10::optional<torch::Tensor> mins;
-  int64_t fmt, sub;
+  int64_t fmt, sub, n;
 };
 
 static torch::Tensor run_linear(const torch::Tensor& x, const PackedLinear& w) {
-  return quant_linear(x, w.qs, w.scales, w.mins, w.fmt, w.sub);
+  return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n);
 }
 
-// hidden [T, hidden] (every token a decode); weights: per projection (qs, scales, mins or None,
-// fmt, sub) for qkv, o, gate_up, down; returns the layer's output hidden [T, hidden]
+// hidden [T, hidden] (every token a decode); weights: per projection (row-tiled qt, scales, mins or
+// None, fmt, sub, rows) for qkv, o, gate_up, down; returns the layer's output hidden [T, hidden]
 torch::Tensor llama_decode_layer(torch::Tensor hidden, torch::Tensor input_norm, torch::Tensor post_norm, double eps,
                                  std::vector<PackedLinear> linears, c10::optional<torch::Tensor> qkv_bias,
                                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, torch::Tensor cos,
