@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from vlite.config import CacheConfig, ModelConfig, SchedulerConfig, VliteConfig
-from vlite.model_loader import LlamaArchConfig, ResolvedModel, load_model_weights, resolve_model
+from vlite.model_loader import ModelArchConfig, ResolvedModel, load_model_weights, resolve_model
 
 if TYPE_CHECKING:  # torch loads only where the model runs (the engine-core process), not in the API process
     import torch
@@ -101,7 +101,7 @@ class LoadedEngineConfig:
 
     config: VliteConfig
     resolved: ResolvedModel
-    arch: LlamaArchConfig
+    arch: ModelArchConfig
     weights: dict[str, torch.Tensor] = field(repr=False)
     torch_dtype: torch.dtype
     quantization: QuantizationPlan

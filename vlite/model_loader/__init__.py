@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vlite.model_loader.arch_config import LlamaArchConfig
+from vlite.model_loader.arch_config import LlamaArchConfig, ModelArchConfig
 from vlite.model_loader.resolve import ResolvedModel, default_model_path, resolve_model
 from vlite.model_loader.tokenizer import load_tokenizer
 
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LlamaArchConfig",
+    "ModelArchConfig",
     "ResolvedModel",
     "default_model_path",
     "load_model_weights",
@@ -24,7 +25,7 @@ __all__ = [
 
 def load_model_weights(
     resolved: ResolvedModel, dtype: torch.dtype
-) -> tuple[LlamaArchConfig, dict[str, torch.Tensor]]:
+) -> tuple[ModelArchConfig, dict[str, torch.Tensor]]:
     """Config and HF-named weights (cast to ``dtype``) of a resolved model, GGUF or safetensors."""
     if resolved.gguf_file is not None:
         from vlite.model_loader.cache import cached_gguf_weights

@@ -1,7 +1,9 @@
 """Architecture description shared by every loader (GGUF and Hugging Face folders).
 
-The engine builds its model from this one frozen record, so both sources must
-agree on field meanings: they follow Hugging Face's ``LlamaConfig``.
+The engine builds its model from this one frozen record, so both sources must agree on field
+meanings: they follow Hugging Face's configs. Which architectures exist, and the features each one
+fixes, is vlite/models/registry.py's business; this module turns a config.json or a GGUF header
+into the record.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from typing import Any
 
 import numpy as np
 
-# Architectures whose weight layout is exactly Llama's (no extra tensors, same names).
-SUPPORTED_HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
+from vlite.models.registry import (SUPPORTED_GGUF_ARCHITECTURES, SUPPORTED_HF_ARCHITECTURES, ModelSpec, spec_for,
+                                   spec_for_gguf, spec_for_hf)
+
+__all__ = ["ModelArchConfig", "LlamaArchConfig", "SUPPORTED_HF_ARCHITECTURES", "SUPPORTED_GGUF_ARCHITECTURES",
+           "expected_weight_names"]
 
 # llama3 rope parameters used when a GGUF file only stores the precomputed factors
 # and no original context length; any value gives the same frequencies once the
@@ -23,10 +27,10 @@ _DEFAULT_LLAMA3_ORIGINAL_CONTEXT = 8192
 
 
 @dataclass(frozen=True)
-class LlamaArchConfig:
-    """Shape and numerics of a Llama-family decoder, in Hugging Face terms."""
+class ModelArchConfig:
+    """Shape, numerics and optional features of a decoder-only model, in Hugging Face terms."""
 
-    architecture: str
+    architecture: str  # vlite's family name (registry.ModelSpec.name): "llama", "mistral", "qwen2", "qwen3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -41,8 +45,10 @@ class LlamaArchConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
-    attention_bias: bool = False
-    mlp_bias: bool = False
+    attention_bias: bool = False  # bias on the q, k and v projections
+    attention_out_bias: bool = False  # bias on o_proj (Llama's attention_bias sets both; Qwen2 has q/k/v only)
+    mlp_bias: bool = False  # bias on gate, up and down projections
+    qk_norm: bool = False  # RMSNorm over each head of q and k before rotary (Qwen3)
     # GGUF type of the linear layers' weights in the source file ("Q4_1", ...; "mixed"), None for
     # dense sources. The engine may keep such weights packed (vlite.layers.quantization).
     source_quantization: str | None = None
@@ -54,27 +60,26 @@ class LlamaArchConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
 
+    @property
+    def spec(self) -> ModelSpec:
+        return spec_for(self.architecture)
+
     # ------------------------------------------------------------------ HF
     @classmethod
     def from_hf_config(
         cls, config: dict[str, Any], generation_config: dict[str, Any] | None = None
-    ) -> LlamaArchConfig:
+    ) -> ModelArchConfig:
         """Build from a parsed ``config.json`` (and optionally ``generation_config.json``).
 
         Handles both the classic ``rope_theta``/``rope_scaling`` keys and the newer
         ``rope_parameters`` dict written by transformers 5.
         """
-        archs = config.get("architectures") or ["LlamaForCausalLM"]
-        arch = archs[0]
-        if arch not in SUPPORTED_HF_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_HF_ARCHITECTURES)}"
-            )
+        spec = _hf_spec(config)
         act = config.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"unsupported hidden_act {act!r}; only 'silu' is supported")
-        if arch == "MistralForCausalLM" and config.get("sliding_window") is not None:
-            raise ValueError("Mistral models with sliding_window attention are not supported")
+        if _has_sliding_window(config):
+            raise ValueError(f"{spec.name} models with sliding-window attention are not supported yet")
 
         hidden = int(config["hidden_size"])
         n_heads = int(config["num_attention_heads"])
@@ -90,8 +95,11 @@ class LlamaArchConfig:
         if bos is None and generation_config:
             bos = generation_config.get("bos_token_id")
 
+        bias = bool(config.get("attention_bias", False))  # Llama/Qwen3: q, k, v and o alike
+        features = {"attention_bias": bias, "attention_out_bias": bias,
+                    "mlp_bias": bool(config.get("mlp_bias", False)), **spec.features}
         return cls(
-            architecture="llama" if arch == "LlamaForCausalLM" else "mistral",
+            architecture=spec.name,
             vocab_size=int(config["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(config["intermediate_size"]),
@@ -106,19 +114,15 @@ class LlamaArchConfig:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(eos),
-            attention_bias=bool(config.get("attention_bias", False)),
-            mlp_bias=bool(config.get("mlp_bias", False)),
+            **features,
         )
 
     # ---------------------------------------------------------------- GGUF
     @classmethod
-    def from_gguf_metadata(cls, reader: Any) -> LlamaArchConfig:
+    def from_gguf_metadata(cls, reader: Any) -> ModelArchConfig:
         """Build from a ``gguf.GGUFReader`` (metadata plus the optional ``rope_freqs`` tensor)."""
         arch = _field(reader, "general.architecture")
-        if arch not in SUPPORTED_GGUF_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
-            )
+        spec = spec_for_gguf(arch)
 
         def key(name: str, default: Any = None) -> Any:
             return _field(reader, f"{arch}.{name}", default)
@@ -158,8 +162,14 @@ class LlamaArchConfig:
             _extend_ids(eos, _field(reader, f"tokenizer.ggml.{k}"))
         bos = _field(reader, "tokenizer.ggml.bos_token_id")
 
+        # Optional parts show in the tensors a file has; the architecture's fixed features win, so a
+        # file lacking one of its tensors fails as "missing tensors", not with a wrong model.
+        features = {"attention_bias": "blk.0.attn_q.bias" in tensor_names,
+                    "attention_out_bias": "blk.0.attn_output.bias" in tensor_names,
+                    "mlp_bias": "blk.0.ffn_up.bias" in tensor_names,
+                    "qk_norm": "blk.0.attn_q_norm.weight" in tensor_names, **spec.features}
         return cls(
-            architecture=arch,
+            architecture=spec.name,
             vocab_size=int(vocab),
             hidden_size=hidden,
             intermediate_size=int(key("feed_forward_length")),
@@ -174,12 +184,62 @@ class LlamaArchConfig:
             tie_word_embeddings="output.weight" not in tensor_names,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(eos),
-            attention_bias="blk.0.attn_q.bias" in tensor_names,
-            mlp_bias="blk.0.ffn_up.bias" in tensor_names,
+            **features,
         )
 
 
+# The name most of the code base knew it by, from when Llama was the only family.
+LlamaArchConfig = ModelArchConfig
+
+
+def expected_weight_names(config: ModelArchConfig) -> set[str]:
+    """Every tensor the model of ``config`` needs, Hugging Face naming (what both loaders produce)."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not config.tie_word_embeddings:
+        names.add("lm_head.weight")
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            names.add(f"{p}self_attn.{proj}.weight")
+            if config.attention_out_bias if proj == "o_proj" else config.attention_bias:
+                names.add(f"{p}self_attn.{proj}.bias")
+        if config.qk_norm:
+            names |= {f"{p}self_attn.q_norm.weight", f"{p}self_attn.k_norm.weight"}
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names.add(f"{p}mlp.{proj}.weight")
+            if config.mlp_bias:
+                names.add(f"{p}mlp.{proj}.bias")
+    return names
+
+
 # ---------------------------------------------------------------------- helpers
+def _hf_spec(config: dict[str, Any]) -> ModelSpec:
+    """The registry entry of a config.json: ``architectures[0]``, else its ``model_type``."""
+    archs = config.get("architectures")
+    if archs:
+        return spec_for_hf(archs[0])
+    model_type = config.get("model_type") or "llama"  # the oldest Llama configs name neither
+    try:
+        return spec_for(model_type)
+    except ValueError:
+        raise ValueError(f"unsupported model_type {model_type!r} (config.json names no architecture); "
+                         f"vlite supports: {', '.join(SUPPORTED_HF_ARCHITECTURES)}") from None
+
+
+def _has_sliding_window(config: dict[str, Any]) -> bool:
+    """Whether any layer attends through a sliding window, in each convention configs use."""
+    layer_types = config.get("layer_types")
+    if layer_types:
+        return "sliding_attention" in layer_types
+    if "use_sliding_window" in config:  # Qwen2/Qwen3: the window applies from max_window_layers on
+        n_layers = int(config.get("num_hidden_layers", 0))
+        first = config.get("max_window_layers")
+        return bool(config["use_sliding_window"] and config.get("sliding_window")
+                    and (first is None or int(first) < n_layers))
+    return config.get("sliding_window") is not None  # Mistral: every layer
+
+
 def _extend_ids(out: list[int], value: Any) -> None:
     """Append an int or list of ints to ``out``, keeping order and skipping duplicates."""
     if value is None:

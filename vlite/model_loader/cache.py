@@ -19,14 +19,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from vlite.model_loader.arch_config import LlamaArchConfig
+from vlite.model_loader.arch_config import ModelArchConfig
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 3  # 2: arch_config.json has source_quantization; 3: packed tensors
+_FORMAT_VERSION = 4  # 2: arch_config.json has source_quantization; 3: packed tensors; 4: model families, features
 
 
 def cache_root() -> Optional[Path]:
@@ -93,8 +93,8 @@ def _unflatten(tensors: dict[str, torch.Tensor], layouts: dict[str, str]) -> dic
 
 
 def cached_gguf_weights(source: Path, dtype: torch.dtype,
-                        load: Callable[[], tuple[LlamaArchConfig, dict[str, Any]]]
-                        ) -> tuple[LlamaArchConfig, dict[str, Any]]:
+                        load: Callable[[], tuple[ModelArchConfig, dict[str, Any]]]
+                        ) -> tuple[ModelArchConfig, dict[str, Any]]:
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
@@ -106,7 +106,7 @@ def cached_gguf_weights(source: Path, dtype: torch.dtype,
             path = str(entry / "model.safetensors")
             with safe_open(path, framework="pt") as f:
                 layouts = f.metadata() or {}
-            return LlamaArchConfig(**config), _unflatten(load_file(path), layouts)
+            return ModelArchConfig(**config), _unflatten(load_file(path), layouts)
         except (OSError, ValueError, TypeError, KeyError) as e:
             logger.debug("ignoring unreadable model cache %s: %s", entry, e)
     arch, weights = load()

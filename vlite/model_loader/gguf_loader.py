@@ -1,4 +1,4 @@
-"""Load a Llama GGUF file into Hugging Face-named tensors.
+"""Load a GGUF file of any family the registry reads (vlite/models/registry.py) into Hugging Face-named tensors.
 
 Quantized tensors stay in their own blocks (`PackedTensors`, vlite/model_loader/gguf_quants.py,
 not a value changed); the model decides per layer whether to run them packed or dequantize them.
@@ -16,18 +16,20 @@ import numpy as np
 import torch
 
 from vlite.layers.packed import PackedTensors
-from vlite.model_loader.arch_config import LlamaArchConfig
+from vlite.model_loader.arch_config import ModelArchConfig, expected_weight_names
 from vlite.model_loader.gguf_quants import DENSE_TYPES, SUPPORTED_TYPES, to_packed
 
 Weight = Union[torch.Tensor, PackedTensors]
 
-# GGUF per-layer tensor base names -> Hugging Face Llama module names.
+# GGUF per-layer tensor base names (llama.cpp's, shared by every family vlite reads) -> Hugging Face names.
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
@@ -44,7 +46,7 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
 def gguf_to_hf_name(name: str) -> str | None:
-    """Map a GGUF tensor name to its HF Llama name; None if it is not recognised."""
+    """Map a GGUF tensor name to its HF name; None if it is not recognised."""
     m = _LAYER_RE.match(name)
     if m:
         layer, base, kind = m.groups()
@@ -66,13 +68,14 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str, Weight]]:
-    """Read config and all weights of a Llama GGUF file (dense ones cast to ``dtype``)."""
+def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str, Weight]]:
+    """Read config and all weights of a GGUF file (dense ones cast to ``dtype``)."""
     import gguf
     from gguf.quants import dequantize
 
     reader = gguf.GGUFReader(str(path))
-    config = LlamaArchConfig.from_gguf_metadata(reader)
+    config = ModelArchConfig.from_gguf_metadata(reader)
+    permuted = config.spec.gguf_qk_permuted
 
     weights: dict[str, Weight] = {}
     linear_types: set[str] = set()
@@ -81,13 +84,15 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str
             continue
         hf_name = gguf_to_hf_name(t.name)
         if hf_name is None:
-            raise ValueError(f"{path}: unexpected tensor {t.name!r} for a Llama GGUF file")
+            raise ValueError(f"{path}: unexpected tensor {t.name!r} for a {config.architecture} GGUF file")
         # GGUF lists dims fastest-first; numpy (row-major) wants them reversed.
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         if hf_name.endswith("_proj.weight"):
             linear_types.add(t.tensor_type.name)
-        n_head = (config.num_attention_heads if ".self_attn.q_proj." in hf_name else
-                  config.num_key_value_heads if ".self_attn.k_proj." in hf_name else None)
+        n_head = None
+        if permuted:  # rows back from llama.cpp's interleaved-rotary order
+            n_head = (config.num_attention_heads if ".self_attn.q_proj." in hf_name else
+                      config.num_key_value_heads if ".self_attn.k_proj." in hf_name else None)
         try:
             packed = to_packed(t.data, t.tensor_type, shape) if len(shape) == 2 else None
         except ValueError as e:  # a GGUF type vlite cannot read: name the file and the tensor too
@@ -115,13 +120,12 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str
     return config, weights
 
 
-def _check_complete(path: Path, config: LlamaArchConfig, weights: dict[str, Weight]) -> None:
-    """Fail early, naming the tensor, if the file lacks a weight the model needs."""
-    needed = ["model.embed_tokens.weight", "model.norm.weight"]
-    if not config.tie_word_embeddings:
-        needed.append("lm_head.weight")
-    for i in range(config.num_hidden_layers):
-        needed += [f"model.layers.{i}.{n}.weight" for n in _LAYER_NAMES.values()]
-    missing = [n for n in needed if n not in weights]
+def _check_complete(path: Path, config: ModelArchConfig, weights: dict[str, Weight]) -> None:
+    """Fail early, naming the tensors, if the file lacks a weight the model needs or has one it does not use."""
+    expected = expected_weight_names(config)
+    missing = sorted(expected - weights.keys())
     if missing:
         raise ValueError(f"{path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    extra = sorted(weights.keys() - expected)
+    if extra:
+        raise ValueError(f"{path}: tensors a {config.architecture} model does not use: {extra[:5]}")

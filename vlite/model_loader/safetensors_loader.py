@@ -1,4 +1,4 @@
-"""Load a Hugging Face-format Llama folder (config.json + *.safetensors)."""
+"""Load a Hugging Face-format model folder (config.json + *.safetensors, sharded or not)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from vlite.model_loader.arch_config import LlamaArchConfig
+from vlite.model_loader.arch_config import ModelArchConfig, expected_weight_names
 
 _INDEX_FILE = "model.safetensors.index.json"
 # Buffers some older checkpoints saved; the engine recomputes them.
@@ -40,26 +40,7 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def expected_weight_names(config: LlamaArchConfig) -> set[str]:
-    """Every tensor name the engine's Llama model needs, HF naming."""
-    names = {"model.embed_tokens.weight", "model.norm.weight"}
-    if not config.tie_word_embeddings:
-        names.add("lm_head.weight")
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            names.add(f"{p}self_attn.{proj}.weight")
-            if config.attention_bias:
-                names.add(f"{p}self_attn.{proj}.bias")
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            names.add(f"{p}mlp.{proj}.weight")
-            if config.mlp_bias:
-                names.add(f"{p}mlp.{proj}.bias")
-    return names
-
-
-def load_hf_folder(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dict[str, torch.Tensor]]:
+def load_hf_folder(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str, torch.Tensor]]:
     """Read config and weights (cast to ``dtype``) from a Hugging Face model folder."""
     from safetensors import safe_open
 
@@ -67,7 +48,7 @@ def load_hf_folder(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dic
     hf_config = _read_json(path / "config.json")
     if hf_config is None:
         raise ValueError(f"{path}: config.json not found")
-    config = LlamaArchConfig.from_hf_config(hf_config, _read_json(path / "generation_config.json"))
+    config = ModelArchConfig.from_hf_config(hf_config, _read_json(path / "generation_config.json"))
 
     expected = expected_weight_names(config)
     weights: dict[str, torch.Tensor] = {}
@@ -79,7 +60,7 @@ def load_hf_folder(path: Path, dtype: torch.dtype) -> tuple[LlamaArchConfig, dic
                 if name == "lm_head.weight" and config.tie_word_embeddings:
                     continue  # tied: the engine reuses the embedding
                 if name not in expected:
-                    raise ValueError(f"{file}: unexpected tensor {name!r} for a Llama checkpoint")
+                    raise ValueError(f"{file}: unexpected tensor {name!r} for a {config.architecture} checkpoint")
                 weights[name] = f.get_tensor(name).to(dtype)
 
     missing = sorted(expected - weights.keys())

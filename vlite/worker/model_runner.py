@@ -20,8 +20,8 @@ import torch
 from vlite.attention.backends.torch_sdpa import build_metadata, get_kv_cache_shape, load_kernels
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from vlite.layers.quantization import QuantizationPlan
-from vlite.model_loader import LlamaArchConfig
-from vlite.models.llama import LlamaForCausalLM
+from vlite.model_loader import ModelArchConfig
+from vlite.models.registry import build_model
 from vlite.profiler import section
 from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.sampler import Sampler, gather_logprobs
@@ -30,7 +30,7 @@ from vlite.worker.input_batch import InputBatch
 
 logger = logging.getLogger(__name__)
 
-def kv_cache_bytes_per_block(arch: LlamaArchConfig, block_size: int, dtype: torch.dtype) -> int:
+def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * elem
 
@@ -56,7 +56,7 @@ class _StepState:
 
 
 class ModelRunner:
-    def __init__(self, arch: LlamaArchConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+    def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
                  eos_token_ids: tuple[int, ...], quantization: QuantizationPlan = QuantizationPlan(None)) -> None:
         self.arch = arch
@@ -65,7 +65,7 @@ class ModelRunner:
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.quantization = quantization
-        self.model = LlamaForCausalLM(arch, weights, quantization, dtype).eval()
+        self.model = build_model(arch, weights, quantization, dtype).eval()  # the class the registry names
         load_kernels()
         shape = get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(arch.num_hidden_layers)]

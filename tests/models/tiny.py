@@ -1,0 +1,195 @@
+"""Tiny random models for the per-architecture parity tests: built from a `transformers` config,
+saved as a Hugging Face folder or written as a GGUF file the way llama.cpp lays one out, and run by
+vlite and transformers on the same prompts.
+
+The weights are random but not transformers' near-zero defaults: biases and norm weights are drawn
+too (a bias of zeros or a norm of ones would let a model that drops them pass), and every value is
+rounded to float16 so that a GGUF file with F16 matrices holds exactly the weights transformers runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tests.e2e.prompts import corpus, prompts_of_lengths
+from tests.e2e.reference import ATOL, Reference, compare_greedy, hf_greedy
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
+EOS_ID, ALT_EOS_ID = 2, 0  # config.json's eos, and the one generation_config.json adds (as Qwen2.5 does)
+VOCAB_SIZE = 320
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Very different lengths, so that one generate() mixes chunked prefills with other requests' decodes.
+PROMPT_LENGTHS = [1, 4, 19, 63, 170, 290]
+MAX_NEW = 20
+STEP_TOKENS = 32  # max_num_batched_tokens: the 290-token prompt takes ten steps
+
+
+def tiny_tokenizer() -> Any:
+    """A byte-level BPE of VOCAB_SIZE tokens learned from Python sources, split like Qwen2's."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    tok = Tokenizer(models.BPE())
+    # The split a GGUF file's tokenizer.ggml.pre = "qwen2" stands for: both forms then encode alike.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([corpus()], trainer)
+    assert tok.get_vocab_size() == VOCAB_SIZE
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   chat_template=CHAT_TEMPLATE)
+
+
+def prompts(tokenizer: Any) -> list[list[int]]:
+    return prompts_of_lengths(tokenizer, PROMPT_LENGTHS)
+
+
+def build(config_cls: type, model_cls: type, seed: int = 0, **overrides: Any) -> Any:
+    """A transformers model of 2 layers, hidden 64, 4 query heads over 2 KV heads, random weights."""
+    kwargs: dict[str, Any] = dict(
+        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, eos_token_id=EOS_ID,
+        bos_token_id=None, initializer_range=0.08)
+    kwargs.update(overrides)
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**kwargs)).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+            elif "norm" in name:
+                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+            p.copy_(p.half().float())
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(eos_token_id=[EOS_ID, ALT_EOS_ID], pad_token_id=ALT_EOS_ID)
+    return model
+
+
+def save_hf(model: Any, tokenizer: Any, folder: Path, max_shard_size: str | None = None) -> Path:
+    """A Hugging Face folder: config.json, generation_config.json, safetensors (sharded with an index
+    when max_shard_size is given), tokenizer files."""
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(folder, **kwargs)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = True) -> Path:
+    """The model as llama.cpp's converter lays it out: tensor names from the gguf package's own map
+    for `arch`, its metadata keys, matrices in F16 (or F32), vectors in F32, no lm_head when tied, a
+    byte-level BPE tokenizer with the chat template."""
+    import gguf
+
+    cfg = model.config
+    arch_enum = {name: a for a, name in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if getattr(cfg, "head_dim", None) and cfg.head_dim != cfg.hidden_size // cfg.num_attention_heads:
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
+
+    vocab = tokenizer.backend_tokenizer.get_vocab()
+    tokens = sorted(vocab, key=vocab.get)
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    w.add_eos_token_id(EOS_ID)
+    w.add_pad_token_id(ALT_EOS_ID)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    names = gguf.get_tensor_name_map(arch_enum, cfg.num_hidden_layers)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, name
+        data = t.detach().numpy()
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
+            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            data = _llama_cpp_rotary_order(data, heads)
+        w.add_tensor(gguf_name, data.astype(np.float16 if f16 and data.ndim == 2 else np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _llama_cpp_rotary_order(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter's Q/K row order for Llama (each head's rotate-half halves interleaved)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def references(model: Any, prompt_ids: list[list[int]]) -> list[Reference]:
+    return [hf_greedy(model, p, MAX_NEW) for p in prompt_ids]
+
+
+def run_vlite(model_path: Path, prompt_ids: list[list[int]], **llm_kwargs: Any) -> tuple[Any, list[Any]]:
+    """vlite in float32 on all prompts in one generate() call, small steps (chunked prefill + decodes)."""
+    from vlite import LLM, SamplingParams
+
+    kwargs = dict(dtype="float32", max_num_batched_tokens=STEP_TOKENS, kv_cache_memory_bytes=16 * 2**20)
+    kwargs.update(llm_kwargs)
+    llm = LLM(model=str(model_path), **kwargs)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=5)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+    return llm, [o.outputs[0] for o in outputs]
+
+
+def assert_parity(completions: list[Any], refs: list[Reference]) -> list[dict]:
+    """Token-identical to transformers (a divergence only right after a near-tie of the reference),
+    top-5 logprobs within ATOL; and at most one prompt may stop early at such a near-tie, so a test
+    whose comparisons all end at the first token cannot pass."""
+    reports = []
+    for completion, ref in zip(completions, refs):
+        assert len(completion.token_ids) == MAX_NEW and completion.finish_reason == "length"
+        reports.append(compare_greedy(completion.token_ids, completion.logprobs, ref, ATOL))
+    assert sum(r["diverged_at"] is not None for r in reports) <= 1, reports
+    return reports
+
+
+def model_class_name(llm: Any) -> str:
+    return type(llm.llm_engine.engine_core.model_runner.model).__name__
+
+
+def teacher_forced_agreement(llm: Any, prompt_ids: list[list[int]], refs: list[Reference]
+                             ) -> tuple[float, float, float]:
+    """Score each reference continuation in one prefill (prompt_logprobs): the share of positions
+    whose top-1 is the reference's token, and the median and largest |logprob gap| of that token.
+    For lower-precision runs, whose greedy paths may part at any close call."""
+    from vlite import SamplingParams
+
+    seqs = [{"prompt_token_ids": p + r.token_ids} for p, r in zip(prompt_ids, refs)]
+    outputs = llm.generate(seqs, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1), use_tqdm=False)
+    matched, gaps = 0, []
+    for prompt, ref, out in zip(prompt_ids, refs, outputs):
+        for j, token in enumerate(ref.token_ids):
+            entry = out.prompt_logprobs[len(prompt) + j]
+            matched += next(t for t, lp in entry.items() if lp.rank == 1) == token
+            gaps.append(abs(entry[token].logprob - float(ref.logprobs[j][token])))
+    gaps.sort()
+    return matched / len(gaps), gaps[len(gaps) // 2], gaps[-1]

@@ -1,0 +1,62 @@
+"""Self-attention of a decoder layer over the paged KV cache, with the options models differ in.
+
+    qkv = x @ [Wq; Wk; Wv].T (+ bias: Qwen2, Llama with attention_bias)
+    q, k = RMSNorm per head (Qwen3: own weights for q and k, before rotary)
+    q, k = rotary(q, k)
+    o    = paged_attention(q, k, v) @ Wo.T (+ bias: Llama with attention_bias, Qwen3 with attention_bias)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata, paged_attention
+from vlite.layers.layernorm import RMSNorm
+from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
+from vlite.layers.quantization import QuantizationPlan, linear
+from vlite.model_loader.arch_config import ModelArchConfig
+from vlite.layers.rotary_embedding import RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                            cfg.head_dim)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        # Fused QKV projection: one matmul instead of three.
+        self.qkv_bias = (fused_bias(w, [f"{prefix}.{n}_proj.bias" for n in "qkv"], dtype)
+                         if cfg.attention_bias else None)
+        self.qkv_weight = linear_weight(fuse_rows([w[f"{prefix}.{n}_proj.weight"] for n in "qkv"]), plan, dtype)
+        self.o_weight = linear_weight(w[f"{prefix}.o_proj.weight"], plan, dtype)
+        self.o_bias = fused_bias(w, [f"{prefix}.o_proj.bias"], dtype) if cfg.attention_out_bias else None
+        ops = fast_ops(plan)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(w[f"{prefix}.q_norm.weight"].to(dtype), cfg.rms_norm_eps, ops)
+            self.k_norm = RMSNorm(w[f"{prefix}.k_norm.weight"].to(dtype), cfg.rms_norm_eps, ops)
+        self.ops = ops if self.head_dim <= 512 else None
+
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
+        h, hkv = self.num_heads, self.num_kv_heads
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
+        if self.q_norm is not None:  # normalized in place: the rotation below then reads q and k as usual
+            heads = qkv.view(-1, h + 2 * hkv, self.head_dim)
+            heads[:, :h] = self.q_norm(heads[:, :h])
+            heads[:, h:h + hkv] = self.k_norm(heads[:, h:h + hkv])
+        if self.ops is not None:  # q and k rotated in place, one call
+            self.ops.rotary_inplace(qkv, h + hkv, self.head_dim, *rope)
+            qkv = qkv.view(-1, h + 2 * hkv, self.head_dim)
+            q, k = qkv[:, :h], qkv[:, h:h + hkv]
+        else:
+            qkv = qkv.view(-1, h + 2 * hkv, self.head_dim)
+            qk = RotaryEmbedding.apply(qkv[:, :h + hkv], *rope)  # q and k in one go
+            q, k = qk[:, :h], qk[:, h:]
+        v = qkv[:, h + hkv:]
+        o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale)
+        return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias)

@@ -1,0 +1,97 @@
+"""The decoder-only model around a stack of layers: what every model vlite runs has in common.
+
+    hidden = embed(input_ids)
+    for layer: hidden = layer(rope(positions), hidden, kv_cache[layer], attn_metadata)
+    logits = lm_head(norm(hidden))         (compute_logits, on the rows that sample only)
+
+A model file (vlite/models/) subclasses `CausalLM` and says what is particular to it: its layer
+class, its fast paths. The model owns no KV state: the runner passes each layer its paged cache
+tensor and the step's attention metadata explicitly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata
+from vlite.layers.attention import Attention
+from vlite.layers.layernorm import RMSNorm
+from vlite.layers.linear import Weights, fast_ops, linear_weight, param
+from vlite.layers.mlp import GatedMLP
+from vlite.layers.packed import PackedTensors
+from vlite.layers.quantization import QuantizationPlan, linear, make_linear
+from vlite.layers.rotary_embedding import RotaryEmbedding
+from vlite.model_loader.arch_config import ModelArchConfig
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: h += attn(rms_norm(h)); h += mlp(rms_norm(h)) (Llama, Mistral, Qwen2/3)."""
+
+    def __init__(self, cfg: ModelArchConfig, w: Weights, i: int, plan: QuantizationPlan, dtype: torch.dtype
+                 ) -> None:
+        super().__init__()
+        p = f"model.layers.{i}"
+        ops = fast_ops(plan)
+        self.input_layernorm = RMSNorm(w[f"{p}.input_layernorm.weight"].to(dtype), cfg.rms_norm_eps, ops)
+        self.self_attn = Attention(cfg, w, f"{p}.self_attn", plan, dtype)
+        self.post_attention_layernorm = RMSNorm(w[f"{p}.post_attention_layernorm.weight"].to(dtype), cfg.rms_norm_eps,
+                                                ops)
+        self.mlp = GatedMLP(cfg, w, f"{p}.mlp", plan, dtype)
+
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
+        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), kv_cache, attn_metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class CausalLM(nn.Module):
+    """Embedding, `layer_class` decoder layers, final RMSNorm and LM head (tied to the embedding or not)."""
+
+    layer_class: type[nn.Module] = DecoderLayer
+
+    def __init__(self, cfg: ModelArchConfig, weights: Weights,
+                 plan: QuantizationPlan = QuantizationPlan(None), dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype
+        self._plan = plan
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        embed = weights["model.embed_tokens.weight"]
+        # A quantized embedding stays packed where the plan runs packed weights: a lookup dequantizes
+        # just the step's rows (the same values as a dense copy, in a quarter of the memory).
+        self.packed_embed = embed if isinstance(embed, PackedTensors) and plan.method is not None else None
+        self.embed_tokens = None if self.packed_embed is not None else param(make_linear(embed, QuantizationPlan(None),
+                                                                                        dtype))
+        self.layers = nn.ModuleList(self.layer_class(cfg, weights, i, plan, dtype)
+                                    for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(weights["model.norm.weight"].to(dtype), cfg.rms_norm_eps, fast_ops(plan))
+        # the rotary tables the attention layers take: float32 rows for their in-place C++ rotation
+        self.fast_rope = self.layers[0].self_attn.ops is not None
+        lm_head = weights.get("lm_head.weight")
+        tied = cfg.tie_word_embeddings or lm_head is None
+        if plan.method is None:
+            self.lm_head = self.embed_tokens if tied else param(make_linear(lm_head, plan, dtype))
+        else:  # the head is the most sensitive matrix: --quantization int4 keeps it at int8
+            self.lm_head = linear_weight(embed if tied else lm_head, plan, dtype, head=True)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.packed_embed is not None:
+            return self.packed_embed.rows(input_ids).dequantize(torch.float32).to(self.dtype)
+        return F.embedding(input_ids, self.embed_tokens)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's rotary tables, computed once and shared by every layer."""
+        return self.rotary.get_cos_sin_f32(positions) if self.fast_rope else self.rotary.get_cos_sin(positions, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
+        hidden = self.embed(input_ids)
+        rope = self.rope(positions, hidden.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(rope, hidden, kv_cache, attn_metadata)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return linear(hidden, self.lm_head).float()

@@ -1,0 +1,49 @@
+"""A decoder layer's linear weights: dense or packed as the quantization plan says, fused where the
+model runs several projections of one input as one matmul (QKV, gate/up)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vlite import _custom_ops
+from vlite.layers.packed import PackedTensors
+from vlite.layers.quantization import QuantizationPlan, make_linear
+
+Weight = torch.Tensor | PackedTensors
+Weights = dict[str, Weight]  # a loader's output: Hugging Face names -> tensors
+
+
+def param(t: torch.Tensor) -> nn.Parameter:
+    """A frozen parameter (inference only), contiguous for the kernels."""
+    return nn.Parameter(t.contiguous(), requires_grad=False)
+
+
+def fuse_rows(parts: list[Weight]) -> Weight:
+    """Stack weights along rows (fused QKV, gate/up): packed when every part shares one layout."""
+    if all(isinstance(p, PackedTensors) for p in parts):
+        try:
+            return PackedTensors.cat(parts)
+        except ValueError:  # mixed GGUF types (e.g. Q4_K and Q6_K): run this layer dense
+            pass
+    return torch.cat([p.dequantize() if isinstance(p, PackedTensors) else p.float() for p in parts])
+
+
+def fast_ops(plan: QuantizationPlan) -> Any:
+    """vlite's C++ kernels for norms, rotary and SiLU where the model runs quantized weights (a dense
+    model keeps torch's ops: float32 stays bit-for-bit the reference computation)."""
+    return _custom_ops.load() if plan.method is not None else None
+
+
+def linear_weight(w: Weight, plan: QuantizationPlan, dtype: torch.dtype, head: bool = False
+                  ) -> nn.Module | nn.Parameter:
+    """The weight `vlite.layers.quantization.linear` multiplies by: a QuantizedLinear or a dense parameter."""
+    out = make_linear(w, plan, dtype, head=head)
+    return out if not isinstance(out, torch.Tensor) else param(out)
+
+
+def fused_bias(w: Weights, names: list[str], dtype: torch.dtype) -> nn.Parameter:
+    """The biases of fused projections, concatenated in the same order as their weights."""
+    return param(torch.cat([w[n] for n in names]).to(dtype))

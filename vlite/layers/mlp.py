@@ -1,0 +1,35 @@
+"""The gated feed-forward block of Llama-style decoders: down(silu(gate(x)) * up(x))."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
+from vlite.layers.quantization import QuantizationPlan, linear
+from vlite.model_loader.arch_config import ModelArchConfig
+
+
+class GatedMLP(nn.Module):
+    """Gate and up projections fused into one matmul; SiLU-and-multiply in one C++ call on quantized
+    models. Biases where the config has `mlp_bias`."""
+
+    def __init__(self, cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_weight = linear_weight(
+            fuse_rows([w[f"{prefix}.gate_proj.weight"], w[f"{prefix}.up_proj.weight"]]), plan, dtype)
+        self.down_weight = linear_weight(w[f"{prefix}.down_proj.weight"], plan, dtype)
+        self.gate_up_bias = (fused_bias(w, [f"{prefix}.gate_proj.bias", f"{prefix}.up_proj.bias"], dtype)
+                             if cfg.mlp_bias else None)
+        self.down_bias = fused_bias(w, [f"{prefix}.down_proj.bias"], dtype) if cfg.mlp_bias else None
+        self.ops = fast_ops(plan) if self.intermediate_size % 16 == 0 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = linear(x, self.gate_up_weight, self.gate_up_bias)
+        if self.ops is not None:
+            return linear(self.ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        return linear(F.silu(gate) * up, self.down_weight, self.down_bias)

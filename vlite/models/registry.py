@@ -1,0 +1,84 @@
+"""Which model class runs which checkpoint: architecture name -> vlite model.
+
+A Hugging Face folder names its architecture in ``config.json`` (``architectures[0]``), a GGUF
+file in ``general.architecture``; both resolve here to one `ModelSpec`. The spec also holds the
+facts about an architecture that its config file leaves implicit (Qwen2's q/k/v biases are not in
+its config.json; Qwen3 always has q/k norms), so both loaders derive the same `ModelArchConfig`.
+
+This module imports no torch: the API server process parses configs too and must stay light.
+Model classes are imported on first use (``model_class``).
+
+Adding a dense model: a file in vlite/models/, one entry in `_SPECS`, one parity test in
+tests/models/.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One architecture vlite runs, under every name it goes by."""
+
+    name: str  # vlite's name for the family (ModelArchConfig.architecture); its GGUF name where it has one
+    hf_architectures: tuple[str, ...]  # config.json `architectures[0]` values
+    model: str  # "module:Class", imported on first use
+    gguf: bool = True  # GGUF files with general.architecture == name are read
+    # llama.cpp's converter reorders Llama's Q/K rows for ggml's interleaved ("normal") rotary; NEOX-rotary
+    # models (Qwen) are stored in Hugging Face order.
+    gguf_qk_permuted: bool = False
+    # ModelArchConfig fields the architecture fixes whatever its config.json says (or leaves out).
+    features: dict[str, Any] = field(default_factory=dict)
+
+
+_SPECS = (
+    ModelSpec("llama", ("LlamaForCausalLM",), "vlite.models.llama:LlamaForCausalLM", gguf_qk_permuted=True),
+    # Mistral without a sliding window is Llama; llama.cpp writes its GGUF files as "llama".
+    ModelSpec("mistral", ("MistralForCausalLM",), "vlite.models.llama:LlamaForCausalLM", gguf=False),
+)
+
+_BY_NAME = {s.name: s for s in _SPECS}
+_BY_HF = {a: s for s in _SPECS for a in s.hf_architectures}
+
+SUPPORTED_HF_ARCHITECTURES = tuple(_BY_HF)
+SUPPORTED_GGUF_ARCHITECTURES = tuple(s.name for s in _SPECS if s.gguf)
+
+
+def spec_for_hf(architecture: str) -> ModelSpec:
+    """The spec of a config.json architecture; a ValueError naming it and the supported ones."""
+    spec = _BY_HF.get(architecture)
+    if spec is None:
+        raise ValueError(f"unsupported architecture {architecture!r}; vlite supports: "
+                         f"{', '.join(SUPPORTED_HF_ARCHITECTURES)}")
+    return spec
+
+
+def spec_for_gguf(architecture: str) -> ModelSpec:
+    """The spec of a GGUF `general.architecture`; a ValueError naming it and the supported ones."""
+    spec = _BY_NAME.get(architecture)
+    if spec is None or not spec.gguf:
+        raise ValueError(f"unsupported GGUF architecture {architecture!r}; vlite supports: "
+                         f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}")
+    return spec
+
+
+def spec_for(name: str) -> ModelSpec:
+    """The spec of a loaded config's `architecture` (vlite's family name)."""
+    spec = _BY_NAME.get(name)
+    if spec is None:
+        raise ValueError(f"unknown model family {name!r}; vlite has: {', '.join(_BY_NAME)}")
+    return spec
+
+
+def model_class(name: str) -> type:
+    """The nn.Module class that runs the family `name` (imports its module, hence torch)."""
+    module, _, cls = spec_for(name).model.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_model(arch: Any, weights: dict[str, Any], plan: Any, dtype: Any) -> Any:
+    """The model for a loaded `ModelArchConfig` and its weights: what the model runner calls."""
+    return model_class(arch.architecture)(arch, weights, plan, dtype)
