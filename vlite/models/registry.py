@@ -38,6 +38,10 @@ _SPECS = (
     ModelSpec("llama", ("LlamaForCausalLM",), "vlite.models.llama:LlamaForCausalLM", gguf_qk_permuted=True),
     # Mistral without a sliding window is Llama; llama.cpp writes its GGUF files as "llama".
     ModelSpec("mistral", ("MistralForCausalLM",), "vlite.models.llama:LlamaForCausalLM", gguf=False),
+    ModelSpec("qwen2", ("Qwen2ForCausalLM",), "vlite.models.qwen2:Qwen2ForCausalLM",
+              features={"attention_bias": True, "attention_out_bias": False, "mlp_bias": False}),
+    ModelSpec("qwen3", ("Qwen3ForCausalLM",), "vlite.models.qwen3:Qwen3ForCausalLM",
+              features={"qk_norm": True, "mlp_bias": False}),
 )
 
 _BY_NAME = {s.name: s for s in _SPECS}

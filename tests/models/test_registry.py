@@ -1,0 +1,107 @@
+"""The model registry: every architecture name resolves to its model class; anything else fails with
+an error naming it and the supported list, from a Hugging Face folder and from a GGUF file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlite.model_loader.arch_config import ModelArchConfig
+from vlite.models import registry
+
+_BASE = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+         "num_attention_heads": 2}
+
+
+@pytest.mark.parametrize("hf_name,family,cls", [
+    ("LlamaForCausalLM", "llama", "LlamaForCausalLM"),
+    ("MistralForCausalLM", "mistral", "LlamaForCausalLM"),
+    ("Qwen2ForCausalLM", "qwen2", "Qwen2ForCausalLM"),
+    ("Qwen3ForCausalLM", "qwen3", "Qwen3ForCausalLM")])
+def test_architectures_resolve(hf_name: str, family: str, cls: str) -> None:
+    cfg = ModelArchConfig.from_hf_config({**_BASE, "architectures": [hf_name]})
+    assert cfg.architecture == family and cfg.spec is registry.spec_for_hf(hf_name)
+    assert registry.model_class(family).__name__ == cls
+    assert hf_name in registry.SUPPORTED_HF_ARCHITECTURES
+
+
+def test_architecture_features() -> None:
+    """What a config.json leaves implicit comes from the registry: Qwen2's q/k/v biases, Qwen3's q/k norms."""
+    qwen2 = ModelArchConfig.from_hf_config({**_BASE, "architectures": ["Qwen2ForCausalLM"]})
+    assert (qwen2.attention_bias, qwen2.attention_out_bias, qwen2.qk_norm) == (True, False, False)
+    qwen3 = ModelArchConfig.from_hf_config({**_BASE, "architectures": ["Qwen3ForCausalLM"], "head_dim": 12,
+                                            "attention_bias": True})
+    assert (qwen3.attention_bias, qwen3.attention_out_bias, qwen3.qk_norm, qwen3.head_dim) == (True, True, True, 12)
+    llama = ModelArchConfig.from_hf_config({**_BASE, "architectures": ["LlamaForCausalLM"], "attention_bias": True})
+    assert (llama.attention_bias, llama.attention_out_bias, llama.qk_norm, llama.head_dim) == (True, True, False, 8)
+    # no `architectures`: the model_type names the family
+    assert ModelArchConfig.from_hf_config({**_BASE, "model_type": "qwen3"}).architecture == "qwen3"
+
+
+def _assert_lists_supported(message: str, supported: tuple[str, ...]) -> None:
+    assert all(name in message for name in supported), message
+
+
+@pytest.mark.parametrize("config", [{"architectures": ["Qwen3MoeForCausalLM"]}, {"architectures": ["GPT2LMHeadModel"]},
+                                    {"model_type": "gpt_neox"}])
+def test_unsupported_hf_architecture_is_named(tmp_path: Path, config: dict) -> None:
+    from vlite import LLM
+
+    (tmp_path / "config.json").write_text(json.dumps({**_BASE, **config}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError) as e:
+        LLM(model=str(tmp_path))
+    name = config.get("architectures", [config.get("model_type")])[0]
+    assert f"unsupported {'architecture' if 'architectures' in config else 'model_type'} {name!r}" in str(e.value)
+    _assert_lists_supported(str(e.value), registry.SUPPORTED_HF_ARCHITECTURES)
+
+
+def test_unsupported_gguf_architecture_is_named(tmp_path: Path) -> None:
+    import gguf
+
+    from vlite.model_loader import load_model_weights, resolve_model
+
+    path = tmp_path / "gemma3.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_embedding_length(16)
+    w.add_head_count(2)
+    w.add_tensor("token_embd.weight", np.zeros((32, 16), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    import torch
+
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma3'") as e:
+        load_model_weights(resolve_model(str(path)), torch.float32)
+    _assert_lists_supported(str(e.value), registry.SUPPORTED_GGUF_ARCHITECTURES)
+    assert set(registry.SUPPORTED_GGUF_ARCHITECTURES) == {"llama", "qwen2", "qwen3"}
+
+
+@pytest.mark.parametrize("arch,extra,sliding", [
+    ("MistralForCausalLM", {"sliding_window": 4096}, True),
+    ("MistralForCausalLM", {"sliding_window": None}, False),
+    # Qwen2.5's own config.json: a window that is switched off
+    ("Qwen2ForCausalLM", {"use_sliding_window": False, "sliding_window": 32768, "max_window_layers": 21}, False),
+    ("Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1}, True),
+    ("Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}, False),
+    ("Qwen3ForCausalLM", {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 64}, True),
+    ("Qwen3ForCausalLM", {"layer_types": ["full_attention", "full_attention"], "sliding_window": 64}, False)])
+def test_sliding_window_is_refused(arch: str, extra: dict, sliding: bool) -> None:
+    config = {**_BASE, "architectures": [arch], **extra}
+    if sliding:
+        with pytest.raises(ValueError, match="sliding-window attention are not supported"):
+            ModelArchConfig.from_hf_config(config)
+    else:
+        assert ModelArchConfig.from_hf_config(config).spec.hf_architectures == (arch,)
+
+
+def test_registry_and_configs_import_no_torch() -> None:
+    """The API server process parses model configs too and never imports torch."""
+    code = "import sys, vlite.model_loader, vlite.models.registry; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
