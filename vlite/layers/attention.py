@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -42,7 +44,8 @@ class Attention(nn.Module):
         self.ops = ops if self.head_dim <= 512 else None
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
+                attn_metadata: TorchSDPAMetadata, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The attention block's output, plus `residual` (the layer's skip connection) when given."""
         h, hkv = self.num_heads, self.num_kv_heads
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
         if self.q_norm is not None:  # normalized in place: the rotation below then reads q and k as usual
@@ -59,4 +62,4 @@ class Attention(nn.Module):
             q, k = qk[:, :h], qk[:, h:]
         v = qkv[:, h + hkv:]
         o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale)
-        return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias)
+        return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual)

@@ -42,8 +42,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
-        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), kv_cache, attn_metadata)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        # the skip connections go into the output projections (added in float32 by the quantized kernels)
+        hidden = self.self_attn(rope, self.input_layernorm(hidden), kv_cache, attn_metadata, residual=hidden)
+        return self.mlp(self.post_attention_layernorm(hidden), residual=hidden)
 
 
 class CausalLM(nn.Module):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,9 +29,10 @@ class GatedMLP(nn.Module):
         self.down_bias = fused_bias(w, [f"{prefix}.down_proj.bias"], dtype) if cfg.mlp_bias else None
         self.ops = fast_ops(plan) if self.intermediate_size % 16 == 0 else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The block's output, plus `residual` (the layer's skip connection) when given."""
         gate_up = linear(x, self.gate_up_weight, self.gate_up_bias)
         if self.ops is not None:
-            return linear(self.ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
+            return linear(self.ops.silu_and_mul(gate_up), self.down_weight, self.down_bias, residual)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        return linear(F.silu(gate) * up, self.down_weight, self.down_bias, residual)

@@ -96,18 +96,24 @@ class QuantizedLinear(nn.Module):
             return self.dense.to(dtype)
         return dequantize_packed(self.tiled, dtype, out)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x @ W.T, plus `residual` (a skip connection; the kernels add it in float32 as they write)."""
+        if self.ops is not None and x.dim() == 2 and (self.dense_above is None or x.shape[0] <= self.dense_above):
+            # the decode fast path
+            if residual is not None and (residual.dtype != x.dtype or not residual.is_contiguous()):
+                return self.ops.quant_linear(x, *self._args) + residual
+            return self.ops.quant_linear(x, *self._args, residual)
         if self.ops is None:
-            return F.linear(x, self.dense)
-        if x.dim() == 2 and (self.dense_above is None or x.shape[0] <= self.dense_above):  # the decode fast path
-            return self.ops.quant_linear(x, *self._args)
-        x2d = x.reshape(-1, self.in_features)
-        if self.dense_above is not None and x2d.shape[0] > self.dense_above:
-            w = self.dense if self.dense is not None else self.dequantize(
-                x.dtype, out=_scratch(self.out_features, self.in_features, x.dtype))
-            return F.linear(x, w)
-        out = self.ops.quant_linear(x2d, *self._args)
-        return out.view(*x.shape[:-1], self.out_features)
+            out = F.linear(x, self.dense)
+        else:
+            x2d = x.reshape(-1, self.in_features)
+            if self.dense_above is not None and x2d.shape[0] > self.dense_above:
+                w = self.dense if self.dense is not None else self.dequantize(
+                    x.dtype, out=_scratch(self.out_features, self.in_features, x.dtype))
+                out = F.linear(x, w)
+            else:
+                out = self.ops.quant_linear(x2d, *self._args).view(*x.shape[:-1], self.out_features)
+        return out if residual is None else out + residual
 
 
 LinearWeight = Union[torch.Tensor, QuantizedLinear]
@@ -207,8 +213,13 @@ def _dense(weight: Union[torch.Tensor, PackedTensors], dtype: torch.dtype) -> to
     return weight.to(dtype).contiguous()
 
 
-def linear(x: torch.Tensor, weight: LinearWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: LinearWeight, bias: Optional[torch.Tensor] = None,
+           residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x @ W.T (+ bias) (+ residual)."""
     if isinstance(weight, QuantizedLinear):
-        out = weight.forward(x)
-        return out if bias is None else out + bias
-    return F.linear(x, weight, bias)
+        if bias is None:
+            return weight.forward(x, residual)
+        out = weight.forward(x) + bias
+    else:
+        out = F.linear(x, weight, bias)
+    return out if residual is None else out + residual

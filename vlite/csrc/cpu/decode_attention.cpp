@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "vec.h"
@@ -17,19 +18,21 @@
 namespace vlite {
 
 namespace {
-constexpr int64_t kMaxVecs = 64;  // G * D / 16 accumulators kept in registers/stack
+constexpr int64_t kMaxVecs = 64;  // G * D / 16 accumulators kept in registers/stack (generic path)
 
+// Any head size (a multiple of 16): one task per (request, kv head), loops over runtime sizes.
 template <typename T>
 void decode_attention_impl(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* sl, T* out,
                            int64_t N, int64_t H, int64_t HKV, int64_t D, int64_t NB, int64_t BS, int64_t MB,
-                           float scale) {
+                           float scale, int64_t window) {
   const int64_t G = H / HKV, nv = D / 16;
   at::parallel_for(0, N * HKV, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(G * D), acc(G * D), scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t n = task / HKV, h = task % HKV, len = sl[n];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, cnt = len - first;
       const int64_t* blocks = bt + n * MB;
-      scores.resize(G * len + 16);
+      scores.resize(G * cnt + 16);
       const T* qp = q + (n * H + h * G) * D;
       for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float(qp[i]) * scale;
       const T* kh = kc + h * NB * BS * D;
@@ -37,7 +40,7 @@ void decode_attention_impl(const T* q, const T* kc, const T* vc, const int64_t* 
       const bool fits = G * nv <= kMaxVecs;
       Vec16 qv[kMaxVecs];
       if (fits) for (int64_t i = 0; i < G * nv; ++i) qv[i] = Vec16::load(qf.data() + i * 16);
-      for (int64_t j = 0; j < len; ++j) {
+      for (int64_t j = first; j < len; ++j) {
         const T* kp = kh + (blocks[j / BS] * BS + j % BS) * D;
         Vec16 kv[16];
         for (int64_t c = 0; c < nv; ++c) kv[c] = Vec16::load(kp + c * 16);
@@ -45,48 +48,208 @@ void decode_attention_impl(const T* q, const T* kc, const T* vc, const int64_t* 
           Vec16 a = Vec16::zero();
           for (int64_t c = 0; c < nv; ++c)
             a = fmadd(fits ? qv[g * nv + c] : Vec16::load(qf.data() + g * D + c * 16), kv[c], a);
-          scores[g * len + j] = a.sum();
+          scores[g * cnt + j - first] = a.sum();
         }
       }
       for (int64_t g = 0; g < G; ++g) {
-        float* s = scores.data() + g * len;
-        Vec16 mv = Vec16::set1(-INFINITY);
-        int64_t j = 0;
-        for (; j + 16 <= len; j += 16) mv = vmax(mv, Vec16::load(s + j));
-        float m = mv.max();
-        for (; j < len; ++j) m = std::max(m, s[j]);
-        Vec16 sum = Vec16::zero();
-        const Vec16 mm = Vec16::set1(m);
-        for (j = 0; j + 16 <= len; j += 16) {
-          Vec16 e = vexp(Vec16::load(s + j) - mm);
-          e.store(s + j);
-          sum = sum + e;
-        }
-        float total = sum.sum();
-        for (; j < len; ++j) { s[j] = std::exp(s[j] - m); total += s[j]; }
+        float* s = scores.data() + g * cnt;
+        float m = -INFINITY;
+        for (int64_t j = 0; j < cnt; ++j) m = std::max(m, s[j]);
+        float total = 0.f;
+        for (int64_t j = 0; j < cnt; ++j) { s[j] = std::exp(s[j] - m); total += s[j]; }
         const float inv = 1.f / total;
-        for (j = 0; j < len; ++j) s[j] *= inv;
+        for (int64_t j = 0; j < cnt; ++j) s[j] *= inv;
       }
-      Vec16 av[kMaxVecs];
-      for (int64_t i = 0; i < G * nv && i < kMaxVecs; ++i) av[i] = Vec16::zero();
-      if (!fits) std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < len; ++j) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = first; j < len; ++j) {
         const T* vp = vh + (blocks[j / BS] * BS + j % BS) * D;
-        Vec16 vv[16];
-        for (int64_t c = 0; c < nv; ++c) vv[c] = Vec16::load(vp + c * 16);
         for (int64_t g = 0; g < G; ++g) {
-          const Vec16 p = Vec16::set1(scores[g * len + j]);
-          if (fits) {
-            for (int64_t c = 0; c < nv; ++c) av[g * nv + c] = fmadd(p, vv[c], av[g * nv + c]);
-          } else {
-            for (int64_t c = 0; c < nv; ++c)
-              fmadd(p, vv[c], Vec16::load(acc.data() + g * D + c * 16)).store(acc.data() + g * D + c * 16);
-          }
+          const Vec16 p = Vec16::set1(scores[g * cnt + j - first]);
+          for (int64_t c = 0; c < nv; ++c)
+            fmadd(p, Vec16::load(vp + c * 16), Vec16::load(acc.data() + g * D + c * 16)).store(acc.data() + g * D + c * 16);
         }
       }
-      if (fits) for (int64_t i = 0; i < G * nv; ++i) av[i].store(acc.data() + i * 16);
       T* op = out + (n * H + h * G) * D;
       for (int64_t i = 0; i < G * D; ++i) op[i] = static_cast<T>(acc[i]);
+    }
+  });
+}
+
+// Walks a request's keys in order through its block table without a division per key.
+struct SlotCursor {
+  const int64_t* blocks;
+  int64_t bs, bi, off;
+  SlotCursor(const int64_t* b, int64_t block_size, int64_t j) : blocks(b), bs(block_size), bi(j / block_size),
+                                                                off(j % block_size) {}
+  int64_t next() {
+    const int64_t slot = blocks[bi] * bs + off;
+    if (++off == bs) { off = 0; ++bi; }
+    return slot;
+  }
+};
+
+// Query heads [0, GB) of one (request, kv head) against keys [j0, j1): the running max m, the sum
+// of exp(s - m) l and the unnormalized output acc (GB x D), for the caller to normalize or merge.
+// s: scratch of GB rows of (j1 - j0 + 16) floats.
+template <int NV, int GB, typename T>
+void attend_chunk(const float* qf, const T* kh, const T* vh, const int64_t* blocks, int64_t BS, int64_t j0,
+                  int64_t j1, float* s, float* m, float* l, float* acc) {
+  constexpr int64_t D = NV * 16;
+  const int64_t len = j1 - j0, ls = len + 16;
+  if (len <= 0) {
+    for (int g = 0; g < GB; ++g) {
+      m[g] = -INFINITY;
+      l[g] = 0.f;
+      std::fill(acc + g * D, acc + (g + 1) * D, 0.f);
+    }
+    return;
+  }
+  Vec16 qv[GB][NV];
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NV; ++c) qv[g][c] = Vec16::load(qf + g * D + c * 16);
+  alignas(64) float part[GB][256];
+  SlotCursor ks(blocks, BS, j0);
+  for (int64_t jb = 0; jb < len; jb += 16) {  // scores of 16 keys, then 16 horizontal sums at once
+    const int64_t cnt = std::min<int64_t>(16, len - jb);
+    for (int64_t k = 0; k < cnt; ++k) {
+      const T* kp = kh + ks.next() * D;
+      Vec16 kv[NV];
+      for (int c = 0; c < NV; ++c) kv[c] = Vec16::load(kp + c * 16);
+      for (int g = 0; g < GB; ++g) {
+        Vec16 a = qv[g][0] * kv[0];
+        for (int c = 1; c < NV; ++c) a = fmadd(qv[g][c], kv[c], a);
+        a.store(part[g] + 16 * k);
+      }
+    }
+    for (int g = 0; g < GB; ++g) {
+      if (cnt == 16) {
+        reduce16(part[g]).store(s + g * ls + jb);
+      } else {
+        for (int64_t k = 0; k < cnt; ++k) {
+          float t = 0.f;
+          for (int i = 0; i < 16; ++i) t += part[g][16 * k + i];
+          s[g * ls + jb + k] = t;
+        }
+      }
+    }
+  }
+  for (int g = 0; g < GB; ++g) {  // softmax numerators in place
+    float* sg = s + g * ls;
+    Vec16 mv = Vec16::set1(-INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= len; j += 16) mv = vmax(mv, Vec16::load(sg + j));
+    float mx = mv.max();
+    for (; j < len; ++j) mx = std::max(mx, sg[j]);
+    const Vec16 mm = Vec16::set1(mx);
+    Vec16 sum = Vec16::zero();
+    for (j = 0; j + 16 <= len; j += 16) {
+      const Vec16 e = vexp(Vec16::load(sg + j) - mm);
+      e.store(sg + j);
+      sum = sum + e;
+    }
+    float total = sum.sum();
+    for (; j < len; ++j) { sg[j] = std::exp(sg[j] - mx); total += sg[j]; }
+    m[g] = mx;
+    l[g] = total;
+  }
+  Vec16 av[GB][NV];
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NV; ++c) av[g][c] = Vec16::zero();
+  SlotCursor vs(blocks, BS, j0);
+  for (int64_t j = 0; j < len; ++j) {
+    const T* vp = vh + vs.next() * D;
+    Vec16 vv[NV];
+    for (int c = 0; c < NV; ++c) vv[c] = Vec16::load(vp + c * 16);
+    for (int g = 0; g < GB; ++g) {
+      const Vec16 p = Vec16::set1(s[g * ls + j]);
+      for (int c = 0; c < NV; ++c) av[g][c] = fmadd(p, vv[c], av[g][c]);
+    }
+  }
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NV; ++c) av[g][c].store(acc + g * D + c * 16);
+}
+
+template <int NV, typename T>
+void attend_heads(const float* qf, int64_t G, const T* kh, const T* vh, const int64_t* blocks, int64_t BS, int64_t j0,
+                  int64_t j1, float* s, float* m, float* l, float* acc) {
+  constexpr int64_t D = NV * 16;
+  constexpr int64_t kMaxGroup = NV <= 4 ? 4 : NV <= 8 ? 2 : 1;  // query heads per pass over the keys
+  for (int64_t g = 0; g < G;) {
+    const int64_t gb = std::min(kMaxGroup, G - g);
+    const float* qg = qf + g * D;
+    float* ag = acc + g * D;
+    switch (gb) {
+      case 4: attend_chunk<NV, 4>(qg, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
+      case 3: attend_chunk<NV, 3>(qg, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
+      case 2: attend_chunk<NV, 2>(qg, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
+      default: attend_chunk<NV, 1>(qg, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
+    }
+    g += gb;
+  }
+}
+
+// Head sizes 64, 128, 256 (NV = D / 16): registers sized at compile time, 16 horizontal sums at a
+// time, and a request's keys split into chunks (merged flash-decoding style) when there are fewer
+// (request, kv head) pairs than threads can share evenly, e.g. one request with 3 kv heads on 2
+// threads.
+template <int NV, typename T>
+void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* sl, T* out,
+                           int64_t N, int64_t H, int64_t HKV, int64_t NB, int64_t BS, int64_t MB, float scale,
+                           int64_t window) {
+  constexpr int64_t D = NV * 16;
+  const int64_t G = H / HKV, pairs = N * HKV;
+  const int64_t threads = at::get_num_threads();
+  int64_t max_len = 0;
+  for (int64_t n = 0; n < N; ++n) max_len = std::max(max_len, window > 0 ? std::min(sl[n], window) : sl[n]);
+  int64_t S = 1;
+  if (pairs < 4 * threads) S = std::max<int64_t>(1, std::min(threads / std::gcd(pairs, threads), max_len / 64));
+  const int64_t tasks = pairs * S;
+  std::vector<float> pm(S > 1 ? tasks * G : 0), pl(S > 1 ? tasks * G : 0), pacc(S > 1 ? tasks * G * D : 0);
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(G * D), s, m(G), l(G), acc(G * D);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t pair = task / S, part = task % S, n = pair / HKV, h = pair % HKV, len = sl[n];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, cnt = len - first;
+      const int64_t j0 = first + cnt * part / S, j1 = first + cnt * (part + 1) / S;
+      s.resize(std::min<int64_t>(G, 4) * (j1 - j0 + 16));
+      const T* qp = q + (n * H + h * G) * D;
+      for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float(qp[i]) * scale;
+      const bool direct = S == 1;
+      float* mo = direct ? m.data() : pm.data() + task * G;
+      float* lo = direct ? l.data() : pl.data() + task * G;
+      float* ao = direct ? acc.data() : pacc.data() + task * G * D;
+      attend_heads<NV>(qf.data(), G, kc + h * NB * BS * D, vc + h * NB * BS * D, bt + n * MB, BS, j0, j1, s.data(),
+                       mo, lo, ao);
+      if (direct) {
+        T* op = out + (n * H + h * G) * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const Vec16 inv = Vec16::set1(1.f / l[g]);
+          for (int c = 0; c < NV; ++c) store16(op + g * D + c * 16, Vec16::load(acc.data() + g * D + c * 16) * inv);
+        }
+      }
+    }
+  });
+  if (S == 1) return;
+  at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {  // merge the chunks of each pair
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t n = pair / HKV, h = pair % HKV;
+      T* op = out + (n * H + h * G) * D;
+      for (int64_t g = 0; g < G; ++g) {
+        float mx = -INFINITY;
+        for (int64_t p = 0; p < S; ++p) mx = std::max(mx, pm[(pair * S + p) * G + g]);
+        float total = 0.f;
+        Vec16 o[NV];
+        for (int c = 0; c < NV; ++c) o[c] = Vec16::zero();
+        for (int64_t p = 0; p < S; ++p) {
+          const int64_t t = pair * S + p;
+          const float w = pl[t * G + g] > 0.f ? std::exp(pm[t * G + g] - mx) : 0.f;
+          total += w * pl[t * G + g];
+          const Vec16 wv = Vec16::set1(w);
+          for (int c = 0; c < NV; ++c) o[c] = fmadd(wv, Vec16::load(pacc.data() + (t * G + g) * D + c * 16), o[c]);
+        }
+        const Vec16 inv = Vec16::set1(1.f / total);
+        for (int c = 0; c < NV; ++c) store16(op + g * D + c * 16, o[c] * inv);
+      }
     }
   });
 }
@@ -94,8 +257,10 @@ void decode_attention_impl(const T* q, const T* kc, const T* vc, const int64_t* 
 
 // query [N, H, D]; key_cache, value_cache [H_kv, num_blocks, block_size, D] (contiguous);
 // block_table [N, max_blocks] int64; seq_lens [N] int64 -> out [N, H, D]
+// window > 0: each query sees only the last `window` keys of its sequence (sliding-window layers)
 torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
-                                     torch::Tensor block_table, torch::Tensor seq_lens, double scale) {
+                                     torch::Tensor block_table, torch::Tensor seq_lens, double scale,
+                                     int64_t window = 0) {
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes());
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous());
   TORCH_CHECK(block_table.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong);
@@ -104,12 +269,27 @@ torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cach
   TORCH_CHECK(query.size(2) % 16 == 0 && query.size(2) <= 256, "head size must be a multiple of 16, at most 256");
   auto q = query.contiguous(); auto bt = block_table.contiguous(); auto sl = seq_lens.contiguous();
   auto out = torch::empty_like(q);
+  const int64_t N = q.size(0), D = q.size(2);
+  const int64_t* slp = sl.data_ptr<int64_t>();
+  for (int64_t n = 0; n < N; ++n)
+    TORCH_CHECK(slp[n] >= 1 && slp[n] <= bt.size(1) * key_cache.size(2), "paged_decode_attention: seq_lens[", n,
+                "] = ", slp[n], " is outside [1, ", bt.size(1) * key_cache.size(2), "]");
   auto run = [&](auto tag) {
-    using scalar_t = decltype(tag);
-    decode_attention_impl<scalar_t>(q.data_ptr<scalar_t>(), key_cache.data_ptr<scalar_t>(),
-                                    value_cache.data_ptr<scalar_t>(), bt.data_ptr<int64_t>(), sl.data_ptr<int64_t>(),
-                                    out.data_ptr<scalar_t>(), q.size(0), q.size(1), key_cache.size(0), q.size(2),
-                                    key_cache.size(1), key_cache.size(2), bt.size(1), (float)scale);
+    using T = decltype(tag);
+    const T* qp = q.data_ptr<T>();
+    const T* kp = key_cache.data_ptr<T>();
+    const T* vp = value_cache.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    const int64_t H = q.size(1), HKV = key_cache.size(0), NB = key_cache.size(1), BS = key_cache.size(2),
+                  MB = bt.size(1);
+    const int64_t* btp = bt.data_ptr<int64_t>();
+    const float sc = static_cast<float>(scale);
+    switch (D) {
+      case 64: decode_attention_fast<4>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window); break;
+      case 128: decode_attention_fast<8>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window); break;
+      case 256: decode_attention_fast<16>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window); break;
+      default: decode_attention_impl<T>(qp, kp, vp, btp, slp, op, N, H, HKV, D, NB, BS, MB, sc, window); break;
+    }
   };
   if (q.scalar_type() == at::kBFloat16) run(c10::BFloat16());
   else if (q.scalar_type() == at::kFloat) run(float());

@@ -12,8 +12,9 @@ struct PackedLinear {
   int64_t fmt, sub, n;
 };
 
-static torch::Tensor run_linear(const torch::Tensor& x, const PackedLinear& w) {
-  return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n);
+static torch::Tensor run_linear(const torch::Tensor& x, const PackedLinear& w,
+                                c10::optional<torch::Tensor> residual = c10::nullopt) {
+  return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n, residual);
 }
 
 // hidden [T, hidden] (every token a decode); weights: per projection (row-tiled qt, scales, mins or
@@ -34,9 +35,9 @@ torch::Tensor llama_decode_layer(torch::Tensor hidden, torch::Tensor input_norm,
   write_kv_cache(k, v, kv_cache, slot_mapping);
   auto o = paged_decode_attention(qkv3.narrow(1, 0, num_heads), kv_cache.select(0, 0), kv_cache.select(0, 1),
                                   block_table, seq_lens, scale);
-  auto h = hidden + run_linear(o.view({T, num_heads * head_dim}), linears[1]);
+  auto h = run_linear(o.view({T, num_heads * head_dim}), linears[1], hidden.contiguous());
   auto gate_up = run_linear(rms_norm(h, post_norm, eps), linears[2]);
-  return h.add_(run_linear(silu_and_mul(gate_up), linears[3]));
+  return run_linear(silu_and_mul(gate_up), linears[3], h);
 }
 
 }  // namespace vlite

@@ -38,10 +38,7 @@ void silu_and_mul_impl(const T* gu, T* y, int64_t rows, int64_t I) {
       for (int64_t i = 0; i < I; i += 16) {
         const Vec16 gv = Vec16::load(g + i);
         const Vec16 e = vexp(Vec16::zero() - vabs(gv));  // exp(-|g|): never overflows
-        float ef[16], sf[16];
-        e.store(ef);
-        for (int k = 0; k < 16; ++k) sf[k] = 1.f / (1.f + ef[k]);
-        const Vec16 s = Vec16::load(sf);
+        const Vec16 s = one / (one + e);
         const Vec16 sig = select_ge0(gv, s, one - s);  // sigmoid(g)
         store16(y + r * I + i, gv * sig * Vec16::load(u + i));
       }

@@ -337,7 +337,7 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
 // M activation rows (2 per output row with `pairs`: value and residual, summed) x N weight rows
 template <int FMT, int SUB, typename S, typename T>
 void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, const S* mt, int64_t N, T* out,
-               bool pairs) {
+               bool pairs, const T* residual) {
   const int64_t tiles = (N + kTile - 1) / kTile;
   const int64_t tile_bytes = a.nb * tile_block_bytes<FMT>();
   const int64_t scales_per_tile = (a.K / SUB) * kTile, mins_per_tile = a.nb * kTile;
@@ -357,13 +357,14 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
           case 2: tile_dot<FMT, SUB, 2>(q, s, mn, a, m, res); break;
           default: tile_dot<FMT, SUB, 1>(q, s, mn, a, m, res); break;
         }
-        if (pairs) {
-          for (int64_t r = 0; r + 1 < rows; r += 2)
-            for (int64_t l = 0; l < lanes; ++l)
-              out[((m + r) / 2) * N + n0 + l] = static_cast<T>(res[r * kTile + l] + res[(r + 1) * kTile + l]);
-        } else {
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t l = 0; l < lanes; ++l) out[(m + r) * N + n0 + l] = static_cast<T>(res[r * kTile + l]);
+        const int64_t step = pairs ? 2 : 1;
+        for (int64_t r = 0; r + step - 1 < rows; r += step) {
+          const int64_t o = ((m + r) / step) * N + n0;
+          for (int64_t l = 0; l < lanes; ++l) {
+            float v = pairs ? res[r * kTile + l] + res[(r + 1) * kTile + l] : res[r * kTile + l];
+            if (residual != nullptr) v += to_float(residual[o + l]);
+            out[o + l] = static_cast<T>(v);
+          }
         }
       }
     }
@@ -412,20 +413,39 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool precise) {
   return {q, d, ds, is};
 }
 
-// y [M, N] (x's dtype) = x [M, K] @ dequant(W).T for a row-tiled packed weight (fmt 4: q4, 8: q8) of
-// N rows; float32 activations get a residual row each (~16-bit products), bf16 ones a single int8 row
+// y [M, N] (x's dtype) = x [M, K] @ dequant(W).T (+ residual [M, N]) for a row-tiled packed weight
+// (fmt 4: q4, 8: q8) of N rows; float32 activations get a residual row each (~16-bit products), bf16
+// ones a single int8 row. `residual`: a skip connection added in float32 as the outputs are written.
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qt, torch::Tensor st, c10::optional<torch::Tensor> mt,
-                           int64_t fmt, int64_t sub, int64_t N) {
+                           int64_t fmt, int64_t sub, int64_t N, c10::optional<torch::Tensor> residual = c10::nullopt) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D");
   const int64_t M = x.size(0), K = x.size(1);
   check_tiled(qt, st, mt, fmt, sub, N, K);
   auto out = torch::empty({M, N}, x.options());
+  if (residual.has_value())
+    TORCH_CHECK(residual->is_contiguous() && residual->scalar_type() == x.scalar_type() && residual->dim() == 2 &&
+                residual->size(0) == M && residual->size(1) == N, "quant_linear: residual must be a contiguous [M, N] "
+                "tensor of x's dtype");
   if (M == 0) return out;
   const bool precise = x.scalar_type() == at::kFloat;
-  auto xq = quantize_activations(x, precise);
-  const Activations a{xq[0].data_ptr<int8_t>(), xq[1].data_ptr<float>(), xq[2].data_ptr<float>(),
-                      xq[3].data_ptr<int32_t>(), K, K / QK};
-  const int64_t rows = xq[0].size(0);
+  // The int8 activations live in a per-thread scratch: four small tensor allocations per call cost
+  // more than quantizing a decode token (121 calls per decode step of the default model).
+  thread_local std::vector<int8_t> q_buf;
+  thread_local std::vector<float> d_buf, ds_buf;
+  thread_local std::vector<int32_t> is_buf;
+  const int64_t rows = precise ? 2 * M : M, nb = K / QK;
+  if (static_cast<int64_t>(q_buf.size()) < rows * K) q_buf.resize(rows * K);
+  if (static_cast<int64_t>(d_buf.size()) < rows * nb) { d_buf.resize(rows * nb); ds_buf.resize(rows * nb); }
+  if (static_cast<int64_t>(is_buf.size()) < rows * 2 * nb) is_buf.resize(rows * 2 * nb);
+  auto xc = x.contiguous();
+  if (xc.scalar_type() == at::kFloat)
+    quantize_rows(xc.data_ptr<float>(), M, K, precise, q_buf.data(), d_buf.data(), ds_buf.data(), is_buf.data());
+  else if (xc.scalar_type() == at::kBFloat16)
+    quantize_rows(xc.data_ptr<c10::BFloat16>(), M, K, precise, q_buf.data(), d_buf.data(), ds_buf.data(),
+                  is_buf.data());
+  else
+    TORCH_CHECK(false, "quant_linear: x must be float32 or bfloat16");
+  const Activations a{q_buf.data(), d_buf.data(), ds_buf.data(), is_buf.data(), K, nb};
   const uint8_t* w = qt.data_ptr<uint8_t>();
   auto with_out = [&](auto out_tag, auto scale_tag) {
     using T = decltype(out_tag);
@@ -433,9 +453,10 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qt, torch::Tensor st, 
     const S* sp = reinterpret_cast<const S*>(st.data_ptr());
     const S* mp = mt.has_value() ? reinterpret_cast<const S*>(mt->data_ptr()) : nullptr;
     T* o = reinterpret_cast<T*>(out.data_ptr());
-    if (fmt == 4) gemm_impl<4, 32, S, T>(a, rows, w, sp, mp, N, o, precise);
-    else if (sub == 32) gemm_impl<8, 32, S, T>(a, rows, w, sp, mp, N, o, precise);
-    else gemm_impl<8, 16, S, T>(a, rows, w, sp, mp, N, o, precise);
+    const T* rp = residual.has_value() ? reinterpret_cast<const T*>(residual->data_ptr()) : nullptr;
+    if (fmt == 4) gemm_impl<4, 32, S, T>(a, rows, w, sp, mp, N, o, precise, rp);
+    else if (sub == 32) gemm_impl<8, 32, S, T>(a, rows, w, sp, mp, N, o, precise, rp);
+    else gemm_impl<8, 16, S, T>(a, rows, w, sp, mp, N, o, precise, rp);
   };
   auto with_scales = [&](auto out_tag) {
     if (st.scalar_type() == at::kHalf) with_out(out_tag, c10::Half());
