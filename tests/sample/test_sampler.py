@@ -523,7 +523,29 @@ def make_runner(max_num_reqs: int = 8) -> ModelRunner:
     runner.vocab_size = RV
     runner.eos_token_ids = [EOS]
     runner.input_batch = InputBatch(max_num_reqs, max_model_len=64, max_blocks_per_req=4, vocab_size=RV)
+    runner._md_cache = None
     return runner
+
+
+def test_runner_reuses_metadata_only_while_the_rows_are_unchanged():
+    runner = make_runner()
+    add(runner, "a", [5, 6], [7], SamplingParams(temperature=0.7, top_k=5))
+    add(runner, "b", [5], [8], SamplingParams(temperature=0.0))
+    rows = np.array([0, 1])
+    md = runner._make_sampling_metadata(rows)
+    assert runner._make_sampling_metadata(rows) is md  # a decode step with the same batch
+    assert runner._make_sampling_metadata(np.array([0])) is not md  # other rows
+    add(runner, "c", [5], [9], SamplingParams(temperature=1.0, top_p=0.5))
+    md3 = runner._make_sampling_metadata(np.array([0, 1, 2]))
+    assert md3.top_p is not None and torch.equal(md3.top_p, torch.tensor([1.0, 1.0, 0.5]))
+    runner.input_batch.remove_request("c")
+    add(runner, "d", [5], [9], SamplingParams(temperature=1.0))  # row 2 again, other params
+    md4 = runner._make_sampling_metadata(np.array([0, 1, 2]))
+    assert md4 is not md3 and md4.top_p is None
+    # What changes every step (penalties' token lists, min_tokens) is never reused.
+    add(runner, "e", [5], [9], SamplingParams(temperature=1.0, repetition_penalty=1.2, min_tokens=3))
+    rows = np.array([0, 1, 2, 3])
+    assert runner._make_sampling_metadata(rows) is not runner._make_sampling_metadata(rows)
 
 
 def add(runner: ModelRunner, req_id: str, prompt: list[int], output: list[int], params: SamplingParams,

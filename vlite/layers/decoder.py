@@ -11,6 +11,8 @@ tensor and the step's attention metadata explicitly.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +22,7 @@ from vlite.layers.attention import Attention
 from vlite.layers.layernorm import RMSNorm
 from vlite.layers.linear import Weights, fast_ops, linear_weight, param
 from vlite.layers.mlp import GatedMLP
-from vlite.layers.packed import PackedTensors
+from vlite.layers.packed import PackedTensors, TiledTensors
 from vlite.layers.quantization import QuantizationPlan, linear, make_linear
 from vlite.layers.rotary_embedding import RotaryEmbedding
 from vlite.model_loader.arch_config import ModelArchConfig
@@ -76,8 +78,20 @@ class CausalLM(nn.Module):
             self.lm_head = self.embed_tokens if tied else param(make_linear(lm_head, plan, dtype))
         else:  # the head is the most sensitive matrix: --quantization int4 keeps it at int8
             self.lm_head = linear_weight(embed if tied else lm_head, plan, dtype, head=True)
+        # With the C++ kernels, lookups read the packed embedding in the kernels' tiled layout: for a
+        # tied head the very same tensors (no second copy of the largest matrix).
+        self.tiled_embed: Optional[TiledTensors] = None
+        self._embed_ops = fast_ops(plan) if self.packed_embed is not None else None
+        if self._embed_ops is not None:
+            head_tiled = getattr(self.lm_head, "tiled", None)
+            same = tied and plan.method == "gguf" and isinstance(head_tiled, TiledTensors)  # the file's own blocks
+            self.tiled_embed = head_tiled if same else self.packed_embed.tiled()
+            self.packed_embed = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tiled_embed is not None:
+            t = self.tiled_embed
+            return self._embed_ops.dequantize(t.qt, t.scales, t.mins, t.bits, t.sub, t.n, self.dtype, rows=input_ids)
         if self.packed_embed is not None:
             return self.packed_embed.rows(input_ids).dequantize(torch.float32).to(self.dtype)
         return F.embedding(input_ids, self.embed_tokens)

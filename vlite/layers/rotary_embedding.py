@@ -37,7 +37,10 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.arange(max_position, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
-        self.register_buffer("sin_cached", emb.sin(), persistent=False)
+        # rotate-half's sign folded into the sine once (first half negated): one index per step
+        half = head_dim // 2
+        self.register_buffer("signed_sin_cached", torch.cat((-emb[:, :half].sin(), emb[:, half:].sin()), dim=-1),
+                             persistent=False)
 
     def get_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token tables for one step, [T, 1, D], computed once and shared by every layer.
@@ -45,16 +48,12 @@ class RotaryEmbedding(nn.Module):
         The sine comes with rotate-half's sign folded in (first half negated), so that
         rotate_half(x) * sin == x.roll(D / 2) * signed_sin, one op fewer per use.
         """
-        cos = self.cos_cached[positions]
-        sin = self.sin_cached[positions]
-        half = sin.shape[-1] // 2
-        signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        cos, signed_sin = self.get_cos_sin_f32(positions)
         return cos.to(dtype)[:, None, :], signed_sin.to(dtype)[:, None, :]
 
     def get_cos_sin_f32(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The same tables as [T, D] float32 rows, for the C++ in-place rotation."""
-        cos, signed_sin = self.get_cos_sin(positions, torch.float32)
-        return cos[:, 0], signed_sin[:, 0]
+        return self.cos_cached.index_select(0, positions), self.signed_sin_cached.index_select(0, positions)
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

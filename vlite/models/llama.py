@@ -48,6 +48,7 @@ class LlamaForCausalLM(CausalLM):
                         attn.head_dim))
         self._fused_max_tokens = min(w.dense_above or 1 << 30 for layer in self.layers
                                      for w in (layer.self_attn.qkv_weight, layer.mlp.down_weight))
+        self._attn_scale = self.layers[0].self_attn.scale  # read per step: no nn.Module attribute lookups
         return out
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
@@ -59,7 +60,7 @@ class LlamaForCausalLM(CausalLM):
         # every token a decode: one C++ call per layer
         hidden = self.embed(input_ids)
         rope = self.rope(positions, hidden.dtype)
-        scale = self.layers[0].self_attn.scale
+        scale = self._attn_scale
         for args, kv_cache in zip(self._fused_layers, kv_caches):
             hidden = self._fused_ops.llama_decode_layer(hidden, *args, *rope, kv_cache, attn_metadata.slot_mapping,
                                                         d.block_table, d.seq_lens, scale)

@@ -49,6 +49,9 @@ class InputBatch:
         self.logit_bias: dict[int, dict[int, float]] = {}
         self.bad_words: dict[int, list[list[int]]] = {}
         self.stop_token_ids: dict[int, list[int]] = {}
+        # Bumped whenever a row is added or removed: what was derived from the rows' sampling
+        # parameters (the runner's SamplingMetadata) stays valid while it does not change.
+        self.version = 0
 
     @property
     def num_reqs(self) -> int:
@@ -59,6 +62,7 @@ class InputBatch:
         if not self._free_rows:
             raise RuntimeError(f"input batch is full ({self.max_num_reqs} requests)")
         row = heapq.heappop(self._free_rows)
+        self.version += 1
         self.req_ids[row] = req_id
         self.req_id_to_index[req_id] = row
         n = len(token_ids)
@@ -101,6 +105,7 @@ class InputBatch:
         row = self.req_id_to_index.pop(req_id, None)
         if row is None:
             return None
+        self.version += 1
         self.req_ids[row] = None
         self.sampling_params[row] = None
         for sparse in (self.generators, self.allowed_token_ids, self.logit_bias, self.bad_words,

@@ -75,6 +75,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
         self._step: _StepState | None = None
+        self._md_cache: tuple[tuple[int, bytes], SamplingMetadata] | None = None
         # Fault injection for reliability tests: a step computing this token id raises.
         fault = os.environ.get("VLITE_FAULT_INJECT_TOKEN_ID")
         self._fault_token_id = int(fault) if fault else None
@@ -86,6 +87,7 @@ class ModelRunner:
         """
         self.input_batch = InputBatch(*self._input_batch_args)
         self._step = None
+        self._md_cache = None
 
     # ---- execute_model -------------------------------------------------------------------
 
@@ -235,6 +237,20 @@ class ModelRunner:
         return result
 
     def _make_sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+        """The step's SamplingMetadata; reused while the same rows are sampled with nothing that
+        changes per step (penalties' token lists, min_tokens, sparse processors)."""
+        b = self.input_batch
+        key = (b.version, rows.tobytes())
+        cached = self._md_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        md = self._build_sampling_metadata(rows)
+        per_step = (not md.no_penalties or md.min_tokens is not None or md.disallowed_mask is not None
+                    or md.logit_bias is not None or md.bad_words_token_ids or (b.min_tokens[rows] > 0).any())
+        self._md_cache = None if per_step else (key, md)
+        return md
+
+    def _build_sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
         b = self.input_batch
         temperature = b.temperature[rows]
         greedy = temperature < 1e-5

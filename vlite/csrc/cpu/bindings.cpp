@@ -34,5 +34,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_inplace", &vlite::rotary_inplace);
   m.def("dequantize", &vlite::dequantize, pybind11::arg("qt"), pybind11::arg("scales"), pybind11::arg("mins"),
         pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("n"), pybind11::arg("dtype"),
-        pybind11::arg("out") = pybind11::none());
+        pybind11::arg("out") = pybind11::none(), pybind11::arg("rows") = pybind11::none());
 }

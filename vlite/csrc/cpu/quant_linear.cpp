@@ -142,13 +142,16 @@ static inline __m512 load16f(const c10::Half* p) {
 
 template <int FMT, int SUB, int R, typename S>
 static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const Activations& a, int64_t m0,
-                            float* res) {
+                            float* res, const uint8_t* pf) {
   constexpr int64_t PER = QK / SUB;
   __m512 accf[R];
   for (int r = 0; r < R; ++r) accf[r] = _mm512_setzero_ps();
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* wb = qt + b * tile_block_bytes<FMT>();
+    if (pf != nullptr)  // the next tile's block: DRAM latency hidden behind this tile's arithmetic
+      for (int64_t i = 0; i < tile_block_bytes<FMT>(); i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + b * tile_block_bytes<FMT>() + i), _MM_HINT_T0);
     __m512i w[8];  // w[j]: inputs 4j..4j+3 of the block for the 16 rows (u8)
     if constexpr (FMT == 4) {
       for (int p = 0; p < 4; ++p) {
@@ -234,7 +237,7 @@ static inline __m256 load8f(const c10::Half* p) {
 // AVX2: the tile as two halves of 8 rows (h = 0, 1), each 8 int32 / float lanes
 template <int FMT, int SUB, int R, typename S>
 static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const Activations& a, int64_t m0,
-                            float* res) {
+                            float* res, const uint8_t* pf) {
   constexpr int64_t PER = QK / SUB;
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int h = 0; h < 2; ++h) {
@@ -242,6 +245,9 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
     for (int r = 0; r < R; ++r) accf[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < a.nb; ++b) {
       const uint8_t* wb = qt + b * tile_block_bytes<FMT>() + 32 * h;
+      if (pf != nullptr && h == 0)  // the next tile's block: DRAM latency hidden behind this tile's arithmetic
+        for (int64_t i = 0; i < tile_block_bytes<FMT>(); i += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + b * tile_block_bytes<FMT>() + i), _MM_HINT_T0);
       __m256i w[8];
       if constexpr (FMT == 4) {
         for (int p = 0; p < 4; ++p) {
@@ -299,7 +305,7 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
 // portable: the same sums in plain C++ over the same layout
 template <int FMT, int SUB, int R, typename S>
 static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const Activations& a, int64_t m0,
-                            float* res) {
+                            float* res, const uint8_t* pf) {
   constexpr int64_t PER = QK / SUB;
   float accf[R][kTile] = {};
   for (int64_t b = 0; b < a.nb; ++b) {
@@ -349,13 +355,14 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
       const S* s = st + t * scales_per_tile;
       const S* mn = mt != nullptr ? mt + t * mins_per_tile : nullptr;
       const int64_t n0 = t * kTile, lanes = std::min(kTile, N - n0);
+      const uint8_t* next = t + 1 < end ? q + tile_bytes : nullptr;
       for (int64_t m = 0; m < M; m += kRows) {
         const int64_t rows = std::min<int64_t>(kRows, M - m);
         switch (rows) {
-          case 4: tile_dot<FMT, SUB, 4>(q, s, mn, a, m, res); break;
-          case 3: tile_dot<FMT, SUB, 3>(q, s, mn, a, m, res); break;
-          case 2: tile_dot<FMT, SUB, 2>(q, s, mn, a, m, res); break;
-          default: tile_dot<FMT, SUB, 1>(q, s, mn, a, m, res); break;
+          case 4: tile_dot<FMT, SUB, 4>(q, s, mn, a, m, res, m == 0 ? next : nullptr); break;
+          case 3: tile_dot<FMT, SUB, 3>(q, s, mn, a, m, res, m == 0 ? next : nullptr); break;
+          case 2: tile_dot<FMT, SUB, 2>(q, s, mn, a, m, res, m == 0 ? next : nullptr); break;
+          default: tile_dot<FMT, SUB, 1>(q, s, mn, a, m, res, m == 0 ? next : nullptr); break;
         }
         const int64_t step = pairs ? 2 : 1;
         for (int64_t r = 0; r + step - 1 < rows; r += step) {
@@ -471,17 +478,30 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qt, torch::Tensor st, 
 // The dense [N, K] weight (dtype float32 or bfloat16) of a row-tiled packed weight: for steps large
 // enough that a dense GEMM wins. `out`: a buffer to reuse (fresh pages of a new 7 MB tensor cost
 // more than filling them).
+// `rows` (int64 [R]): only those rows, in that order (an embedding lookup from the tied LM head's
+// weights) -> [R, K].
 torch::Tensor dequantize(torch::Tensor qt, torch::Tensor st, c10::optional<torch::Tensor> mt, int64_t fmt, int64_t sub,
-                         int64_t N, at::ScalarType dtype, c10::optional<torch::Tensor> out_buffer) {
+                         int64_t N, at::ScalarType dtype, c10::optional<torch::Tensor> out_buffer,
+                         c10::optional<torch::Tensor> rows) {
   const int64_t K = qt.size(1) * (fmt == 4 ? 2 : 1) / kTile;
   check_tiled(qt, st, mt, fmt, sub, N, K);
+  torch::Tensor idx;
+  if (rows.has_value()) {
+    TORCH_CHECK(rows->dim() == 1 && rows->scalar_type() == at::kLong, "dequantize: rows must be a 1-D int64 tensor");
+    idx = rows->contiguous();
+    const int64_t* ip = idx.data_ptr<int64_t>();
+    for (int64_t i = 0; i < idx.numel(); ++i)
+      TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "dequantize: row ", ip[i], " out of range [0, ", N, ")");
+  }
+  const int64_t R = rows.has_value() ? idx.numel() : N;
+  const int64_t* row_ids = rows.has_value() ? idx.data_ptr<int64_t>() : nullptr;
   torch::Tensor out;
   if (out_buffer.has_value()) {
     out = *out_buffer;
-    TORCH_CHECK(out.is_contiguous() && out.scalar_type() == dtype && out.dim() == 2 && out.size(0) == N &&
-                out.size(1) == K, "dequantize: out must be a contiguous [N, K] tensor of the requested dtype");
+    TORCH_CHECK(out.is_contiguous() && out.scalar_type() == dtype && out.dim() == 2 && out.size(0) == R &&
+                out.size(1) == K, "dequantize: out must be a contiguous [rows, K] tensor of the requested dtype");
   } else {
-    out = torch::empty({N, K}, torch::TensorOptions().dtype(dtype));
+    out = torch::empty({R, K}, torch::TensorOptions().dtype(dtype));
   }
   const uint8_t* w = qt.data_ptr<uint8_t>();
   const int64_t nb = K / QK, block_bytes = fmt == 4 ? kTile * QK / 2 : kTile * QK;
@@ -491,9 +511,10 @@ torch::Tensor dequantize(torch::Tensor qt, torch::Tensor st, c10::optional<torch
     const S* sp = reinterpret_cast<const S*>(st.data_ptr());
     const S* mp = mt.has_value() ? reinterpret_cast<const S*>(mt->data_ptr()) : nullptr;
     T* o = reinterpret_cast<T*>(out.data_ptr());
-    at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
       float vals[QK];
-      for (int64_t n = begin; n < end; ++n) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t n = row_ids != nullptr ? row_ids[r] : r;
         const int64_t t = n / kTile, l = n % kTile;
         for (int64_t b = 0; b < nb; ++b) {
           const uint8_t* wb = w + (t * nb + b) * block_bytes + 4 * l;
@@ -508,7 +529,7 @@ torch::Tensor dequantize(torch::Tensor qt, torch::Tensor st, c10::optional<torch
               for (int i = 0; i < 4; ++i) vals[4 * j + i] = static_cast<float>(static_cast<int>(wb[64 * j + i]) - 128);
           }
           const float mn = mp != nullptr ? to_float(mp[(t * nb + b) * kTile + l]) : 0.f;
-          T* ob = o + n * K + b * QK;
+          T* ob = o + r * K + b * QK;
           for (int64_t h = 0; h < QK / sub; ++h) {  // one scale per sub-block: loops the compiler vectorizes
             const float sc = to_float(sp[(t * (K / sub) + b * (QK / sub) + h) * kTile + l]);
             if (mp != nullptr) {
