@@ -3,7 +3,9 @@
 A step mixes one-token decodes, prompt chunks that start their sequence and chunks continuing one
 (cached context), over a shuffled block table; every path (the C++ decode kernel, and without it
 batched decodes, the single-decode float32 path, bf16 grouped matmuls; per-chunk prefills) must
-equal softmax(q k^T / sqrt(D)) v computed request by request on the unpaged K/V.
+equal softmax(q k^T / sqrt(D)) v computed request by request on the unpaged K/V. Sliding windows
+and soft-capping likewise, with the blocks behind every query's window filled with NaN (what a
+block freed and reused by another request may hold): one read of them shows in the output.
 """
 
 from __future__ import annotations
@@ -32,16 +34,23 @@ def decode_path(request, monkeypatch):
     return request.param
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int) -> torch.Tensor:
-    """q [Q, H, D] at positions ctx..ctx+Q-1; k/v [ctx+Q, H_kv, D] -> [Q, H, D], causal, in float64."""
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int, window: int = 0,
+              softcap: float | None = None) -> torch.Tensor:
+    """q [Q, H, D] at positions ctx..ctx+Q-1; k/v [ctx+Q, H_kv, D] -> [Q, H, D], causal (keys in
+    (p - window, p] for window > 0), scores soft-capped when asked, in float64."""
     q, k, v = q.double(), k.double().repeat_interleave(H // H_KV, 1), v.double().repeat_interleave(H // H_KV, 1)
     scores = torch.einsum("qhd,khd->hqk", q, k) / D ** 0.5
-    pos_q = ctx + torch.arange(q.shape[0])
-    scores = scores.masked_fill(torch.arange(k.shape[0])[None, None, :] > pos_q[None, :, None], float("-inf"))
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    pos_q = ctx + torch.arange(q.shape[0])[None, :, None]
+    pos_k = torch.arange(k.shape[0])[None, None, :]
+    hidden = (pos_k > pos_q) | ((pos_k <= pos_q - window) if window else False)
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v)
 
 
-def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0) -> None:
+def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0, window: int = 0,
+             softcap: float | None = None) -> None:
     """specs: (tokens already cached, tokens computed this step) per request."""
     gen = torch.Generator().manual_seed(seed)
     kv_cache = torch.randn(get_kv_cache_shape(NUM_BLOCKS, BS, H_KV, D), generator=gen).to(dtype)
@@ -59,6 +68,8 @@ def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0) ->
             slot = block_table[r, j // BS] * BS + j % BS
             kv_cache[0].view(H_KV, -1, D)[:, slot] = keys[j]
             kv_cache[1].view(H_KV, -1, D)[:, slot] = values[j]
+        if window:  # blocks no query of this step sees: freed, maybe reused; never to be read
+            kv_cache[:, :, block_table[r, :max(0, ctx - window + 1) // BS]] = float("nan")
         full_k.append(keys)
         full_v.append(values)
     q_lens = torch.tensor([n for _, n in specs])
@@ -70,12 +81,13 @@ def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0) ->
     query = torch.randn(int(q_lens.sum()), H, D, generator=gen).to(dtype)
     key = torch.cat([k[c:] for k, (c, _) in zip(full_k, specs)])
     value = torch.cat([v[c:] for v, (c, _) in zip(full_v, specs)])
-    metadata = build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, BS)
-    out = paged_attention(query, key, value, kv_cache, metadata, D ** -0.5)
+    # a model with global and sliding layers: one view of the step per window
+    metadata = build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, BS, windows=(0, window))
+    out = paged_attention(query, key, value, kv_cache, metadata, D ** -0.5, window=window, softcap=softcap)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     for r, (ctx, n) in enumerate(specs):
         s, e = int(query_start_loc[r]), int(query_start_loc[r + 1])
-        expected = reference(query[s:e], full_k[r], full_v[r], ctx)
+        expected = reference(query[s:e], full_k[r], full_v[r], ctx, window, softcap)
         torch.testing.assert_close(out[s:e].double(), expected, atol=tol, rtol=tol)
 
 
@@ -90,6 +102,20 @@ def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0) ->
 ])
 def test_paged_attention_matches_reference(specs, dtype):
     run_step(specs, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window,softcap", [(5, None), (1, None), (9, 2.0), (0, 2.0)])
+@pytest.mark.parametrize("specs", [
+    [(30, 1)],  # one decode far past its window
+    [(30, 1), (0, 1), (3, 1), (57, 1), (8, 1)],  # decodes inside and past their windows
+    [(0, 13)],  # a first chunk longer than the window
+    [(0, 13), (22, 6), (12, 3), (0, 2)],  # fresh and continuing chunks
+    [(29, 1), (0, 11), (17, 1), (21, 7), (2, 1)],  # everything in one step
+])
+def test_sliding_window_and_softcap_match_reference(specs, dtype, window, softcap):
+    """Keys in (p - window, p] only, soft-capped scores; blocks behind every window hold NaN."""
+    run_step(specs, dtype, window=window, softcap=softcap)
 
 
 def test_kv_written_through_slot_mapping():

@@ -24,7 +24,9 @@ from vlite import _custom_ops
 def load() -> Optional[Any]:
     """The kernel module (`module.paged_decode_attention(query [N, H, D], key_cache, value_cache
     [H_kv, num_blocks, block_size, D], block_table [N, max_blocks] int64, seq_lens [N] int64,
-    scale) -> [N, H, D]`), or None where the C++ kernels are unavailable: use the torch path."""
+    scale, window=0) -> [N, H, D]`; window > 0: each query reads only its last `window` keys, so
+    blocks behind them are never touched), or None where the C++ kernels are unavailable: use the
+    torch path."""
     return _custom_ops.load()
 
 

@@ -10,7 +10,14 @@ so a step mixing a long prompt chunk with many decodes does not pad every decode
 and prompt chunks of different lengths are not padded to the longest (at 13 prompts of 64-256
 tokens, padding more than doubled the prefill attention work). A chunk that starts its sequence
 runs with `is_causal` and no mask. The gather indices and masks are built once per step and shared
-by every layer.
+by every layer of one window.
+
+Sliding-window layers (Mistral, Gemma 2/3): the query at position p sees only the keys in
+(p - window, p]. Each distinct window of the model gets its own view of the step (`for_window`):
+its gathers start at the first block a query of the step still sees, so blocks that left every
+window (freed by the KV cache manager for all-sliding models, their block-table entries stale or
+-1) are never read. Attention-logit soft-capping (Gemma 2: scores = cap * tanh(scores / cap)) runs
+on the einsum path, which computes the scores explicitly; SDPA and the C++ kernel have no such step.
 
     block_table row r:  [ b0 | b1 | b2 | ... ]         key position j lives in slot
     slot(j) = block_table[r, j // block_size] * block_size + j % block_size
@@ -23,8 +30,8 @@ grouped-query einsum kernel with bf16 scores and a float32 softmax.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +39,8 @@ import torch.nn.functional as F
 from vlite.attention.backends import cpu_decode_attention
 from vlite.profiler import section
 
-# The C++ kernels module (vlite._custom_ops, through cpu_decode_attention), or None: set by load_kernels() at engine start.
+# The C++ kernels module (vlite._custom_ops, through cpu_decode_attention), or None: set by load_kernels()
+# at engine start.
 _decode_kernel = None
 
 
@@ -47,8 +55,8 @@ class _DecodeGroup:
     token_idx: torch.Tensor  # [N] rows of the step's flat token dimension
     num_reqs: int
     block_idx: torch.Tensor  # [N * blocks] cache blocks to gather, row by row (L = blocks * block_size)
-    mask: torch.Tensor  # [N, 1, 1, L] True = attend (a request's own keys)
-    max_seq_len: int  # keys of the longest request (all of them when N == 1: no mask needed)
+    mask: torch.Tensor  # [N, 1, 1, L] True = attend (a request's own keys, within its window)
+    key_range: tuple[int, int]  # N == 1: the gathered keys it attends to, [lo, hi) (no mask needed)
     block_table: torch.Tensor  # [N, max_blocks] int64, for the C++ kernel
     seq_lens: torch.Tensor  # [N] int64
 
@@ -57,9 +65,9 @@ class _DecodeGroup:
 class _PrefillChunk:
     start: int  # first row in the step's flat token dimension
     query_len: int
-    seq_len: int  # keys: the tokens before the chunk and the chunk itself
-    block_ids: torch.Tensor  # its cache blocks, in order
-    mask: Optional[torch.Tensor]  # [Q, L] causal, bottom-right aligned; None: the chunk starts the sequence
+    num_keys: int  # keys gathered: from the first block a query of the chunk sees to the chunk's end
+    block_ids: torch.Tensor  # those cache blocks, in order
+    mask: Optional[torch.Tensor]  # [Q, L] causal (and windowed), bottom-right aligned; None: plain causal
 
 
 @dataclass
@@ -68,46 +76,80 @@ class TorchSDPAMetadata:
     slot_mapping: torch.Tensor  # [T] where each token's K/V is written
     decode: Optional[_DecodeGroup]
     prefills: list[_PrefillChunk]
+    window: int = 0  # the keys each query of this view sees: 0 = all before it, w = its last w
+    # The same step seen by the model's layers of other windows (Gemma 3: global and sliding layers).
+    others: dict[int, TorchSDPAMetadata] = field(default_factory=dict)
+
+    def for_window(self, window: int) -> TorchSDPAMetadata:
+        """The view of the step that layers attending through `window` read."""
+        return self if window == self.window else self.others[window]
+
+
+def _first_keys(query_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """The first key position a query at `query_pos` sees: 0, or query_pos - window + 1."""
+    return (query_pos - window + 1).clamp(min=0) if window else torch.zeros_like(query_pos)
 
 
 def _build_decode_group(rows: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                        block_table: torch.Tensor, block_size: int) -> _DecodeGroup:
-    s_lens = seq_lens[rows]
-    max_seq_len = int(s_lens.max())
-    num_blocks = -(-max_seq_len // block_size)
-    block_idx = block_table[rows][:, :num_blocks].reshape(-1).long()
-    mask = (torch.arange(num_blocks * block_size)[None, :] < s_lens[:, None])[:, None, None, :]
-    return _DecodeGroup(query_start_loc[rows], int(rows.numel()), block_idx, mask, max_seq_len,
-                        block_table[rows].long(), s_lens.long())
+                        block_table: torch.Tensor, block_size: int, window: int) -> _DecodeGroup:
+    s_lens = seq_lens[rows].long()
+    first_key = _first_keys(s_lens - 1, window)
+    first_block, last_block = first_key // block_size, (s_lens - 1) // block_size
+    num_blocks = int((last_block - first_block).max()) + 1
+    # Each row gathers its own blocks from its window's first one; rows needing fewer repeat their last
+    # block (masked), so no row reads a block it does not hold.
+    logical = torch.minimum(first_block[:, None] + torch.arange(num_blocks)[None, :], last_block[:, None])
+    block_idx = block_table[rows].long().gather(1, logical).reshape(-1)
+    key_pos = first_block[:, None] * block_size + torch.arange(num_blocks * block_size)[None, :]
+    mask = ((key_pos < s_lens[:, None]) & (key_pos >= first_key[:, None]))[:, None, None, :]
+    offset = int(first_block[0]) * block_size
+    key_range = (int(first_key[0]) - offset, int(s_lens[0]) - offset)
+    return _DecodeGroup(query_start_loc[rows], int(rows.numel()), block_idx, mask, key_range,
+                        block_table[rows].long(), s_lens)
 
 
 def _build_prefill_chunks(rows: torch.Tensor, query_start_loc: torch.Tensor, query_lens: torch.Tensor,
-                          seq_lens: torch.Tensor, block_table: torch.Tensor, block_size: int) -> list[_PrefillChunk]:
+                          seq_lens: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                          window: int) -> list[_PrefillChunk]:
     chunks = []
     for row, start, q_len, s_len in zip(rows.tolist(), query_start_loc[rows].tolist(), query_lens[rows].tolist(),
                                         seq_lens[rows].tolist()):
         ctx = s_len - q_len  # tokens already in the cache: query i (position ctx + i) sees keys 0..ctx+i
-        mask = None if ctx == 0 else torch.arange(s_len)[None, :] <= ctx + torch.arange(q_len)[:, None]
-        block_ids = block_table[row, :-(-s_len // block_size)].long()
-        chunks.append(_PrefillChunk(start, q_len, s_len, block_ids, mask))
+        first_block = (max(0, ctx - window + 1) if window else 0) // block_size
+        offset = first_block * block_size
+        mask = None
+        if ctx > 0 or (window and q_len > window):  # else plain causal: every key is in the window
+            key_pos = torch.arange(offset, s_len)[None, :]
+            query_pos = ctx + torch.arange(q_len)[:, None]
+            mask = key_pos <= query_pos
+            if window:
+                mask &= key_pos > query_pos - window
+        block_ids = block_table[row, first_block:-(-s_len // block_size)].long()
+        chunks.append(_PrefillChunk(start, q_len, s_len - offset, block_ids, mask))
     return chunks
 
 
 def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
-                   slot_mapping: torch.Tensor, block_size: int) -> TorchSDPAMetadata:
-    """All inputs are CPU int tensors for the scheduled requests of this step, in batch order."""
+                   slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,)) -> TorchSDPAMetadata:
+    """All inputs are CPU int tensors for the scheduled requests of this step, in batch order.
+
+    `windows`: the distinct attention windows of the model's layers (0: full causal attention); one
+    view of the step is built per window, the first one returned with the others in `others`.
+    """
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     is_decode = query_lens == 1
     decode_rows = torch.nonzero(is_decode).flatten()
     prefill_rows = torch.nonzero(~is_decode).flatten()
-    return TorchSDPAMetadata(
+    views = [TorchSDPAMetadata(
         num_actual_tokens=int(query_start_loc[-1]),
         slot_mapping=slot_mapping,
-        decode=(_build_decode_group(decode_rows, query_start_loc[:-1], seq_lens, block_table, block_size)
+        decode=(_build_decode_group(decode_rows, query_start_loc[:-1], seq_lens, block_table, block_size, window)
                 if decode_rows.numel() else None),
         prefills=_build_prefill_chunks(prefill_rows, query_start_loc[:-1], query_lens, seq_lens, block_table,
-                                       block_size),
-    )
+                                       block_size, window),
+        window=window) for window in dict.fromkeys(windows)]
+    views[0].others = {v.window: v for v in views[1:]}
+    return views[0]
 
 
 def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
@@ -128,7 +170,7 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
 
 
 def _attend_decodes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, g: _DecodeGroup,
-                    scale: float, whole_step: bool) -> torch.Tensor:
+                    scale: float, whole_step: bool, window: int = 0, softcap: Optional[float] = None) -> torch.Tensor:
     """Attention output of the group's one-token queries, in group order [N, H, D].
 
     key_cache/value_cache: [H_kv, num_blocks, block_size, D]. `whole_step`: the group is every
@@ -136,16 +178,19 @@ def _attend_decodes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     """
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[0]
-    if _decode_kernel is not None and cpu_decode_attention.can_run(query):
+    if _decode_kernel is not None and softcap is None and cpu_decode_attention.can_run(query):
         return _decode_kernel.paged_decode_attention(query if whole_step else query[g.token_idx], key_cache,
-                                                     value_cache, g.block_table, g.seq_lens, scale)
+                                                     value_cache, g.block_table, g.seq_lens, scale, window)
     q = (query if whole_step else query[g.token_idx]).view(g.num_reqs, 1, num_heads, head_dim)
     k = key_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)  # [H_kv, N, L, D]
     v = value_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)
-    if g.num_reqs == 1:
+    if softcap is not None:
+        o = _grouped_attention(q, k, v, g.mask, scale, softcap)
+    elif g.num_reqs == 1:
         # One decode (single-stream generation): its keys exactly, no mask, float32 SDPA. For
         # bf16 this beats the grouped kernel ~2x at this size (tiny bf16 matmuls are slow here).
-        k, v = k[:, :, :g.max_seq_len].transpose(0, 1), v[:, :, :g.max_seq_len].transpose(0, 1)
+        lo, hi = g.key_range
+        k, v = k[:, :, lo:hi].transpose(0, 1), v[:, :, lo:hi].transpose(0, 1)
         o = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.float(), v.float(), scale=scale,
                                            enable_gqa=True).transpose(1, 2).to(query.dtype)
     elif query.dtype == torch.float32:
@@ -157,23 +202,32 @@ def _attend_decodes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
 
 def _attend_prefills(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     chunks: list[_PrefillChunk], scale: float, out: torch.Tensor) -> None:
+                     chunks: list[_PrefillChunk], scale: float, out: torch.Tensor,
+                     softcap: Optional[float] = None) -> None:
     """Each prompt chunk against its own keys (no padding), written into `out` at its token rows."""
     num_kv_heads, head_dim = key_cache.shape[0], key_cache.shape[-1]
     for c in chunks:
-        k = key_cache.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[None, :, :c.seq_len]
-        v = value_cache.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[None, :, :c.seq_len]
-        q = query[c.start:c.start + c.query_len].transpose(0, 1)[None]  # [1, H, Q, D]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=c.mask, is_causal=c.mask is None, scale=scale,
-                                           enable_gqa=True)
-        out[c.start:c.start + c.query_len] = o[0].transpose(0, 1)
+        k = key_cache.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :c.num_keys]
+        v = value_cache.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :c.num_keys]
+        rows = slice(c.start, c.start + c.query_len)
+        if softcap is not None:
+            mask = c.mask if c.mask is not None else torch.ones(c.query_len, c.num_keys, dtype=torch.bool).tril(
+                c.num_keys - c.query_len)
+            out[rows] = _grouped_attention(query[rows][None], k[:, None], v[:, None], mask[None, None], scale,
+                                           softcap)[0]
+            continue
+        q = query[rows].transpose(0, 1)[None]  # [1, H, Q, D]
+        o = F.scaled_dot_product_attention(q, k[None], v[None], attn_mask=c.mask, is_causal=c.mask is None,
+                                           scale=scale, enable_gqa=True)
+        out[rows] = o[0].transpose(0, 1)
 
 
 def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                       scale: float) -> torch.Tensor:
+                       scale: float, softcap: Optional[float] = None) -> torch.Tensor:
     """q [N, Q, H, D], k/v [H_kv, N, L, D], mask [N, 1, Q, L] -> [N, Q, H, D].
 
     Each K/V head serves its H / H_kv query heads (as G * Q query rows) without being repeated.
+    `softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2).
     """
     n, q_len, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[0]
@@ -182,6 +236,8 @@ def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     qg = q.view(n, q_len, num_kv_heads, group, head_dim).permute(2, 0, 3, 1, 4).reshape(
         num_kv_heads, n, group * q_len, head_dim)
     scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [H_kv, N, G * Q, L]
+    if softcap is not None:
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
     scores = scores.view(num_kv_heads, n, group, q_len, -1).masked_fill_(~mask[None, :, :, :, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype).view(num_kv_heads, n, group * q_len, -1)
     out = torch.matmul(probs, v)  # [H_kv, N, G * Q, D]
@@ -190,15 +246,21 @@ def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                    metadata: TorchSDPAMetadata, scale: float) -> torch.Tensor:
-    """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D]."""
+                    metadata: TorchSDPAMetadata, scale: float, window: int = 0,
+                    softcap: Optional[float] = None) -> torch.Tensor:
+    """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D].
+
+    `window` > 0: each query sees only its last `window` keys (the metadata must have been built
+    with that window); `softcap`: attention-logit soft-capping.
+    """
     with section("attention"):
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
-        if not metadata.prefills and metadata.decode is not None:
-            return _attend_decodes(query, kv_cache[0], kv_cache[1], metadata.decode, scale, whole_step=True)
+        m = metadata.for_window(window)
+        if not m.prefills and m.decode is not None:
+            return _attend_decodes(query, kv_cache[0], kv_cache[1], m.decode, scale, True, window, softcap)
         out = torch.empty_like(query)
-        if metadata.decode is not None:
-            out[metadata.decode.token_idx] = _attend_decodes(query, kv_cache[0], kv_cache[1], metadata.decode,
-                                                             scale, whole_step=False)
-        _attend_prefills(query, kv_cache[0], kv_cache[1], metadata.prefills, scale, out)
+        if m.decode is not None:
+            out[m.decode.token_idx] = _attend_decodes(query, kv_cache[0], kv_cache[1], m.decode, scale, False,
+                                                      window, softcap)
+        _attend_prefills(query, kv_cache[0], kv_cache[1], m.prefills, scale, out, softcap)
         return out
