@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vlite.core.kv_cache_manager import KVCacheManager, cdiv
-from vlite.core.kv_cache_utils import hash_block_tokens
+from vlite.core.kv_cache_utils import NULL_BLOCK, hash_block_tokens
 from vlite.request import Request
 from vlite.sampling_params import SamplingParams
 
@@ -354,3 +354,76 @@ def test_reset_prefix_cache(kv):
     kv.free(a)
     assert kv.reset_prefix_cache() is True
     assert kv.get_computed_blocks(make_req("b", prompt)) == ([], 0)
+
+
+# ---- sliding window: every layer attends to its last `window` keys ------------------------------------
+
+
+def test_sliding_window_frees_blocks_behind_the_window():
+    """Window 6, blocks of 4: the query at position c reads keys c-5..c, so blocks wholly before
+    c - 5 are freed as the request advances; a long generation holds at most 3 blocks."""
+    kv = KVCacheManager(num_blocks=10, block_size=BS, sliding_window=6)
+    req = make_req("a", list(range(100, 110)))  # 10 prompt tokens
+    assert ids(kv.allocate_slots(req, 10)) == [0, 1, 2]  # the first query (position 0) sees everything
+    compute(req, 10, sampled=1)
+    # next query at position 10 reads keys 5..10: block 0 (positions 0-3) is behind it
+    assert kv.allocate_slots(req, 1) == []
+    assert kv.get_block_ids("a") == [-1, 1, 2] and kv.get_num_free_blocks() == 8
+    assert free_ids(kv)[-1] == 0  # back in the pool, at the tail
+    for step in range(30):
+        compute(req, 1, sampled=step)
+        assert kv.allocate_slots(req, 1) is not None
+        held = [b for b in kv.get_block_ids("a") if b >= 0]
+        first_key = req.num_computed_tokens - 6 + 1
+        assert kv.get_block_ids("a")[:first_key // BS] == [-1] * (first_key // BS)  # exactly those freed
+        assert len(held) == cdiv(req.num_computed_tokens + 1, BS) - first_key // BS <= 3
+        assert kv.get_num_free_blocks() == 10 - len(held)
+    kv.free(req)
+    assert kv.get_num_free_blocks() == 10 and kv.req_to_blocks == {}
+
+
+def test_sliding_window_chunked_prefill_frees_as_it_goes():
+    kv = KVCacheManager(num_blocks=10, block_size=BS, sliding_window=5)
+    req = make_req("a", list(range(24)))
+    kv.allocate_slots(req, 8)
+    compute(req, 8)
+    # the chunk from position 8 reads keys from 4 on: block 0 goes before blocks are taken for it
+    assert len(kv.allocate_slots(req, 8)) == 2 and kv.get_block_ids("a")[:2] == [-1, 1]
+    compute(req, 8)
+    kv.allocate_slots(req, 8)
+    assert kv.get_block_ids("a")[:3] == [-1, -1, -1] and kv.get_num_free_blocks() == 10 - 3
+
+
+def test_sliding_window_frees_behind_even_when_the_step_does_not_fit():
+    """A running request that cannot grow still gives back what it no longer reads (vLLM does too),
+    so that it fits more often and preempts less."""
+    kv = KVCacheManager(num_blocks=3, block_size=BS, sliding_window=2)
+    a = make_req("a", list(range(12)))
+    kv.allocate_slots(a, 12)
+    compute(a, 12, sampled=1)
+    # position 12 needs a fourth block of a full pool; it reads keys 11 and 12, so blocks 0-1 are freed
+    # first, and then it fits
+    new = kv.allocate_slots(a, 1)
+    assert len(new) == 1 and kv.get_block_ids("a") == [-1, -1, 2, new[0].block_id]
+    assert kv.get_num_free_blocks() == 1
+
+
+def test_sliding_window_prefix_hit_leaves_blocks_behind_the_window_alone():
+    """Blocks freed behind a window keep their hash: a later request with the same prefix hits them,
+    and takes only those its first query reads."""
+    kv = KVCacheManager(num_blocks=10, block_size=BS, sliding_window=5)
+    a = make_req("a", list(range(16)) + [99])
+    run_prompt(kv, a, sampled=1)
+    kv.allocate_slots(a, 1)  # position 17 reads keys 13..17: blocks 0-2 freed (still cached)
+    assert kv.get_block_ids("a")[:3] == [-1, -1, -1]
+    kv.free(a)
+    b = make_req("b", list(range(16)) + [7, 8])
+    hit, num_hit = kv.get_computed_blocks(b)
+    assert num_hit == 16 and hit[:3] == [NULL_BLOCK] * 3 and hit[3].block_hash == chain(list(range(16)))[3]
+    before_free = kv.get_num_free_blocks()
+    new = kv.allocate_slots(b, 2, num_hit, hit)
+    assert len(new) == 1 and kv.get_num_free_blocks() == before_free - 2  # the hit block 3 and one new
+    assert kv.get_block_ids("b") == [-1, -1, -1, hit[3].block_id, new[0].block_id]
+    assert all(blk.ref_cnt == 0 for blk in kv.block_pool.blocks if blk.block_id not in kv.get_block_ids("b"))
+    kv.free(b)
+    assert kv.get_num_free_blocks() == 10

@@ -12,6 +12,11 @@ The simulated KV cache stores, for every slot, the whole token prefix ending at 
 (what a real K/V vector depends on). Every read checks that a request sees exactly its own prefix
 at every position it attends to, which is what makes prefix caching correct.
 
+Both machines also run with a sliding window (every layer of the model attends to its last
+`window` keys): reads then cover only the window of each query, the manager frees the blocks
+behind it (NULL_BLOCK in their place), and a read of a freed block (perhaps reused by another
+request) fails like any wrong K/V.
+
 Prompts are drawn from a tiny alphabet so that prefixes (and whole blocks) collide often.
 """
 
@@ -26,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from vlite.config import SchedulerConfig
 from vlite.core.kv_cache_manager import KVCacheManager, cdiv
-from vlite.core.kv_cache_utils import hash_block_tokens
+from vlite.core.kv_cache_utils import NULL_BLOCK, hash_block_tokens
 from vlite.core.sched.output import ModelRunnerOutput
 from vlite.core.sched.scheduler import Scheduler
 from vlite.request import Request, RequestStatus
@@ -66,10 +71,12 @@ class KVModel:
         for p in range(start, start + n):
             self.kv[block_ids[p // bs]][p % bs] = tuple(tokens[:p + 1])
 
-    def check_read(self, block_ids: list[int], tokens: list[int], end: int, who: str) -> None:
+    def check_read(self, block_ids: list[int], tokens: list[int], end: int, who: str, first: int = 0) -> None:
+        """The request attends to positions [first, end): each must hold its own prefix."""
         bs = self.block_size
         assert len(block_ids) * bs >= end, f"{who}: {len(block_ids)} blocks cannot hold {end} tokens"
-        for p in range(end):
+        for p in range(first, end):
+            assert block_ids[p // bs] >= 0, f"{who} reads position {p} from a block freed behind its window"
             got = self.kv[block_ids[p // bs]][p % bs]
             assert got == tuple(tokens[:p + 1]), (
                 f"{who} reads wrong K/V at position {p} (block {block_ids[p // bs]}): "
@@ -87,8 +94,14 @@ class KVModel:
         assert chain_hashes(prefix, bs)[-1] == block_hash, f"block {block_id}: hash does not match contents"
 
 
+def first_key(position: int, window: Optional[int]) -> int:
+    """The first position a query at `position` attends to."""
+    return 0 if window is None else max(0, position - window + 1)
+
+
 def check_block_invariants(kv: KVCacheManager, live_block_lists: dict[str, list]) -> None:
-    """Free queue XOR referenced; ref_cnt == number of live block lists holding the block."""
+    """Free queue XOR referenced; ref_cnt == number of live block lists holding the block (NULL_BLOCK,
+    standing for a block freed behind a sliding window, is in no list's count and never in the pool)."""
     pool = kv.block_pool
     free = pool.free_block_queue.get_all_free_blocks()
     assert len(free) == pool.free_block_queue.num_free_blocks == kv.get_num_free_blocks()
@@ -99,8 +112,12 @@ def check_block_invariants(kv: KVCacheManager, live_block_lists: dict[str, list]
     counts = [0] * pool.num_blocks
     for rid, blocks in kv.req_to_blocks.items():
         assert [id(b) for b in blocks] == [id(b) for b in live_block_lists[rid]], f"{rid}: block list differs"
-        assert len({b.block_id for b in blocks}) == len(blocks), f"{rid} holds a block twice"
-        for b in blocks:
+        live = [b for b in blocks if b is not NULL_BLOCK]
+        assert len({b.block_id for b in live}) == len(live), f"{rid} holds a block twice"
+        nulls = len(blocks) - len(live)
+        assert all(b is NULL_BLOCK for b in blocks[:nulls]), f"{rid}: freed blocks are not a prefix: {blocks}"
+        assert kv.sliding_window is not None or nulls == 0
+        for b in live:
             counts[b.block_id] += 1
     free_set = set(free_ids)
     for block in pool.blocks:
@@ -110,6 +127,7 @@ def check_block_invariants(kv: KVCacheManager, live_block_lists: dict[str, list]
             assert pool.cached_block_hash_to_block.get(block.block_hash) is block, block
     for key, block in pool.cached_block_hash_to_block.items():
         assert block.block_hash == key
+    assert NULL_BLOCK.ref_cnt == 0 and NULL_BLOCK.block_hash is None and NULL_BLOCK not in pool.blocks
     if not kv.enable_caching:
         assert not pool.cached_block_hash_to_block
 
@@ -136,9 +154,11 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         self.rng = random.Random(0)
 
     @initialize(num_blocks=st.integers(2, 12), block_size=st.sampled_from([1, 2, 3, 4]),
-                enable_caching=st.booleans(), seed=st.integers(0, 2 ** 16))
-    def init(self, num_blocks, block_size, enable_caching, seed):
-        self.kv = KVCacheManager(num_blocks, block_size, enable_caching)
+                enable_caching=st.booleans(), seed=st.integers(0, 2 ** 16),
+                window=st.sampled_from([None, None, 1, 2, 3, 5]))
+    def init(self, num_blocks, block_size, enable_caching, seed, window):
+        self.kv = KVCacheManager(num_blocks, block_size, enable_caching, sliding_window=window)
+        self.window = window
         self.model = KVModel(num_blocks, block_size)
         self.rng = random.Random(seed)
 
@@ -150,6 +170,10 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
                 [(b.ref_cnt, b.block_hash) for b in pool.blocks], dict(pool.cached_block_hash_to_block),
                 {k: list(v) for k, v in kv.req_to_blocks.items()}, dict(kv.num_cached_block),
                 vars(kv.prefix_cache_stats).copy())
+
+    def _skipped(self, num_computed: int) -> int:
+        """Blocks wholly before the window of a query at `num_computed`: the manager frees them."""
+        return first_key(num_computed, self.window) // self.kv.block_size
 
     def _after_allocate(self, req: Request, start: int, n: int) -> None:
         blocks = self.blocks[req.request_id]
@@ -203,12 +227,14 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
                     break
                 expect += 1
         assert len(hit) == expect
-        for i, b in enumerate(hit):
+        skipped = min(self._skipped(num_hit), len(hit))  # hit blocks behind the window are not taken
+        assert all(b is NULL_BLOCK for b in hit[:skipped])
+        for i, b in enumerate(hit[skipped:], skipped):
             assert b.block_hash == hashes[i]
 
         n = data.draw(st.integers(1, req.num_tokens - num_hit))
         before = self._snapshot()
-        free_hits = sum(1 for b in hit if b.ref_cnt == 0)
+        free_hits = sum(1 for b in hit if b.ref_cnt == 0 and b is not NULL_BLOCK)
         need = cdiv(num_hit + n, bs) - len(hit)
         new = kv.allocate_slots(req, n, num_hit, hit)
         if new is None:
@@ -235,10 +261,14 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         start = req.num_computed_tokens
         n = data.draw(st.integers(1, req.num_tokens - start))
         before = self._snapshot()
-        need = cdiv(start + n, bs) - len(self.blocks[rid])
+        blocks = self.blocks[rid]
+        for i in range(min(self._skipped(start), len(blocks))):  # freed even if the chunk does not fit
+            blocks[i] = NULL_BLOCK
+        need = cdiv(start + n, bs) - len(blocks)
         new = kv.allocate_slots(req, n)
         if new is None:
-            assert self._snapshot() == before, "a refused allocation changed state"
+            if self.window is None:
+                assert self._snapshot() == before, "a refused allocation changed state"
             assert need > kv.get_num_free_blocks(), "refused although it fits"
             return
         assert len(new) == max(need, 0)
@@ -256,7 +286,8 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
             self.model.write([b.block_id for b in self.blocks[rid]], req.all_token_ids, start, n)
         for rid, (start, n) in self.pending.items():
             req = self.reqs[rid]
-            self.model.check_read([b.block_id for b in self.blocks[rid]], req.all_token_ids, start + n, rid)
+            self.model.check_read([b.block_id for b in self.blocks[rid]], req.all_token_ids, start + n, rid,
+                                  first_key(start, self.window))
         for rid, (start, n) in self.pending.items():
             req = self.reqs[rid]
             assert req.num_computed_tokens == start
@@ -355,8 +386,9 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
 class FakeRunner:
     """Keeps per-request token lists and block tables from SchedulerOutput deltas only."""
 
-    def __init__(self, block_size: int, num_blocks: int) -> None:
+    def __init__(self, block_size: int, num_blocks: int, window: Optional[int] = None) -> None:
         self.block_size = block_size
+        self.window = window
         self.model = KVModel(num_blocks, block_size)
         self.tokens: dict[str, list[int]] = {}
         self.block_ids: dict[str, list[int]] = {}
@@ -389,7 +421,8 @@ class FakeRunner:
             assert start + n <= len(self.tokens[rid])
             self.model.write(self.block_ids[rid], self.tokens[rid], start, n)
         for rid, n in so.num_scheduled_tokens.items():
-            self.model.check_read(self.block_ids[rid], self.tokens[rid], self.num_computed[rid] + n, rid)
+            start = self.num_computed[rid]
+            self.model.check_read(self.block_ids[rid], self.tokens[rid], start + n, rid, first_key(start, self.window))
         req_ids, sampled = [], []
         for rid, n in so.num_scheduled_tokens.items():
             self.num_computed[rid] += n
@@ -421,17 +454,17 @@ class SchedulerMachine(RuleBasedStateMachine):
                 max_num_batched_tokens=st.integers(2, 16), threshold=st.sampled_from([0, 0, 2, 3, 5]),
                 partial=st.integers(1, 2), num_blocks=st.integers(3, 8),
                 block_size=st.sampled_from([1, 2, 4]), enable_caching=st.booleans(),
-                seed=st.integers(0, 2 ** 16))
+                seed=st.integers(0, 2 ** 16), window=st.sampled_from([None, None, 1, 2, 3, 5]))
     def init(self, policy, max_num_seqs, max_num_batched_tokens, threshold, partial, num_blocks, block_size,
-             enable_caching, seed):
+             enable_caching, seed, window):
         # max_model_len is the pool's capacity: any single request fits alone, so draining terminates.
         self.max_model_len = num_blocks * block_size
         self.config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=self.max_model_len, policy=policy,
                                       long_prefill_token_threshold=threshold, max_num_partial_prefills=partial)
-        self.kv = KVCacheManager(num_blocks, block_size, enable_caching)
+        self.kv = KVCacheManager(num_blocks, block_size, enable_caching, sliding_window=window)
         self.sched = Scheduler(self.config, self.kv)
-        self.runner = FakeRunner(block_size, num_blocks)
+        self.runner = FakeRunner(block_size, num_blocks, window)
         self.rng = random.Random(seed)
 
     @precondition(lambda self: self.sched is not None)
@@ -477,11 +510,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert all(n <= cfg.long_prefill_token_threshold for n in so.num_scheduled_tokens.values())
         for rid in so.num_scheduled_tokens:
             assert sched.requests[rid].status == RequestStatus.RUNNING
+            # Blocks behind the window of the step's first query are freed (-1), and only those.
+            held, bs = self.kv.get_block_ids(rid), self.kv.block_size
+            skipped = first_key(sched.requests[rid].num_computed_tokens - so.num_scheduled_tokens[rid],
+                                self.kv.sliding_window) // bs
+            assert held[:skipped] == [-1] * min(skipped, len(held)) and -1 not in held[skipped:]
         mro = self.runner.execute(so, self.rng, VOCAB)
-        # The runner's view, rebuilt from deltas only, matches the scheduler's.
+        # The runner's view, rebuilt from deltas only, matches the scheduler's (where the runner may read).
         for rid in so.num_scheduled_tokens:
             req = sched.requests[rid]
-            assert self.runner.block_ids[rid] == self.kv.get_block_ids(rid)
+            held = self.kv.get_block_ids(rid)
+            live = held.count(-1)
+            assert self.runner.block_ids[rid][live:] == held[live:] and len(self.runner.block_ids[rid]) == len(held)
             assert self.runner.tokens[rid] == req.all_token_ids + ([mro.sampled_token_ids[mro.req_ids.index(rid)][0]]
                                                                    if rid in mro.req_ids else [])
             assert self.runner.num_computed[rid] == req.num_computed_tokens

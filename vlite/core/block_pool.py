@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from vlite.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+from vlite.core.kv_cache_utils import NULL_BLOCK, BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
 
 
 class BlockPool:
@@ -36,8 +36,8 @@ class BlockPool:
         """
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
-            if block.block_hash is not None:
-                continue  # a prefix hit: already registered
+            if block.block_hash is not None or block is NULL_BLOCK:
+                continue  # a prefix hit (already registered), or a block freed behind a sliding window
             block_hash = block_hashes[i]
             if block_hash not in self.cached_block_hash_to_block:
                 block.block_hash = block_hash

@@ -2,6 +2,16 @@
 
 The scheduler talks to it through three calls only: `get_computed_blocks` (prefix-cache lookup),
 `allocate_slots` (grow a request's blocks for this step's tokens) and `free`.
+
+Sliding window (`sliding_window`, set when every layer of the model attends through one, e.g.
+Mistral): a query at position p reads only keys in (p - window, p], so once a request's next query
+is at position c, its blocks wholly before c - window + 1 are never read again. `allocate_slots`
+frees them (vLLM's SlidingWindowManager does the same), leaving `NULL_BLOCK` in their place so list
+index = block index still holds; a long generation then holds about window / block_size + 1 blocks.
+Freed blocks keep their prefix-cache hash until evicted: their K/V are complete and remain valid
+for a later request with the same prefix. A prefix hit leaves the hit blocks it would free at once
+untouched (NULL_BLOCK), as vLLM does. Models mixing sliding and global layers (Gemma 2/3) share one
+block table and keep every block: the global layers read them all.
 """
 
 from __future__ import annotations
@@ -9,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlite.core.block_pool import BlockPool
-from vlite.core.kv_cache_utils import KVCacheBlock, compute_block_hashes
+from vlite.core.kv_cache_utils import NULL_BLOCK, KVCacheBlock, compute_block_hashes
 from vlite.request import Request
 
 
@@ -25,9 +35,13 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 sliding_window: int | None = None) -> None:
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.sliding_window = sliding_window
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # How many leading blocks of each request are registered in the prefix cache.
@@ -52,7 +66,9 @@ class KVCacheManager:
         """Longest cached prefix of the request: (blocks, number of tokens they hold).
 
         The last token is always recomputed, so a full hit still yields logits to sample from.
-        Requests that want prompt logprobs need every prompt position computed: no lookup.
+        Requests that want prompt logprobs need every prompt position computed: no lookup. With a
+        sliding window, the hit blocks behind the window of the first query to compute come back as
+        NULL_BLOCK: not taken, since nothing will read them.
         """
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
@@ -64,7 +80,29 @@ class KVCacheManager:
             if block is None:
                 break
             hit.append(block)
-        return hit, len(hit) * self.block_size
+        num_hit_tokens = len(hit) * self.block_size
+        num_skipped = min(self._num_skipped_blocks(num_hit_tokens), len(hit))
+        return [NULL_BLOCK] * num_skipped + hit[num_skipped:], num_hit_tokens
+
+    def _num_skipped_blocks(self, num_computed_tokens: int) -> int:
+        """Leading blocks that no query from position `num_computed_tokens` on reads (sliding window)."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, num_computed_tokens - self.sliding_window + 1) // self.block_size
+
+    def _free_skipped_blocks(self, req_blocks: list[KVCacheBlock], num_computed_tokens: int) -> None:
+        """Free the blocks that left the window of the request's next query, replacing them with NULL_BLOCK.
+
+        Later blocks are freed first, so that the earlier ones (the head of every prefix-cache chain
+        through them) are evicted last.
+        """
+        freed = []
+        for i in range(min(self._num_skipped_blocks(num_computed_tokens), len(req_blocks)) - 1, -1, -1):
+            if req_blocks[i] is NULL_BLOCK:
+                break  # the ones before were freed in an earlier step
+            freed.append(req_blocks[i])
+            req_blocks[i] = NULL_BLOCK
+        self.block_pool.free_blocks(freed)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
@@ -81,6 +119,9 @@ class KVCacheManager:
         if req_blocks is None:
             req_blocks = self.req_to_blocks[request.request_id] = []
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        if self.sliding_window is not None and req_blocks:
+            # Blocks behind the window go back to the pool first, whether or not this step fits.
+            self._free_skipped_blocks(req_blocks, num_computed_tokens)
         num_required_blocks = cdiv(num_computed_tokens + num_new_tokens, self.block_size)
         num_new_blocks = num_required_blocks - len(req_blocks) - len(new_computed_blocks)
         if num_new_blocks <= 0 and not new_computed_blocks and not is_admission:
@@ -88,7 +129,7 @@ class KVCacheManager:
             self._cache_full_blocks(request, req_blocks, num_computed_tokens + num_new_tokens)
             return []
         # Hit blocks sitting in the free queue stop being free once touched.
-        num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and b is not NULL_BLOCK)
         if num_new_blocks > self.block_pool.get_num_free_blocks() - num_free_hits:
             if not req_blocks:
                 del self.req_to_blocks[request.request_id]
@@ -101,7 +142,7 @@ class KVCacheManager:
             stats.queries += request.num_tokens
             stats.hits += num_new_computed_tokens
         if new_computed_blocks:
-            self.block_pool.touch(new_computed_blocks)
+            self.block_pool.touch(b for b in new_computed_blocks if b is not NULL_BLOCK)
             req_blocks.extend(new_computed_blocks)
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         req_blocks.extend(new_blocks)
@@ -122,7 +163,7 @@ class KVCacheManager:
         """Release the request's blocks, tail first, so its prefix is evicted last."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_block.pop(request.request_id, None)
-        self.block_pool.free_blocks(reversed(blocks))
+        self.block_pool.free_blocks(b for b in reversed(blocks) if b is not NULL_BLOCK)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]

@@ -49,6 +49,12 @@ class KVCacheBlock:
         return f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt}, cached={self.block_hash is not None})"
 
 
+# Stands in a request's block list for a block freed because it left the sliding window of every layer
+# (KVCacheManager with sliding_window): list positions stay token positions. Never in the pool, never
+# allocated; its id -1 in a block table is never read (attention starts at the window's first block).
+NULL_BLOCK = KVCacheBlock(-1)
+
+
 class FreeKVCacheBlockQueue:
     """Doubly linked list of free blocks in eviction order: the head is evicted first.
 
