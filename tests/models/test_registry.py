@@ -22,7 +22,9 @@ _BASE = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidd
     ("LlamaForCausalLM", "llama", "LlamaForCausalLM"),
     ("MistralForCausalLM", "mistral", "LlamaForCausalLM"),
     ("Qwen2ForCausalLM", "qwen2", "Qwen2ForCausalLM"),
-    ("Qwen3ForCausalLM", "qwen3", "Qwen3ForCausalLM")])
+    ("Qwen3ForCausalLM", "qwen3", "Qwen3ForCausalLM"),
+    ("Gemma2ForCausalLM", "gemma2", "Gemma2ForCausalLM"),
+    ("Gemma3ForCausalLM", "gemma3", "Gemma3ForCausalLM")])
 def test_architectures_resolve(hf_name: str, family: str, cls: str) -> None:
     cfg = ModelArchConfig.from_hf_config({**_BASE, "architectures": [hf_name]})
     assert cfg.architecture == family and cfg.spec is registry.spec_for_hf(hf_name)
@@ -41,6 +43,7 @@ def test_architecture_features() -> None:
     assert (llama.attention_bias, llama.attention_out_bias, llama.qk_norm, llama.head_dim) == (True, True, False, 8)
     # no `architectures`: the model_type names the family
     assert ModelArchConfig.from_hf_config({**_BASE, "model_type": "qwen3"}).architecture == "qwen3"
+    assert ModelArchConfig.from_hf_config({**_BASE, "model_type": "gemma3_text"}).architecture == "gemma3"
 
 
 def _assert_lists_supported(message: str, supported: tuple[str, ...]) -> None:
@@ -66,8 +69,8 @@ def test_unsupported_gguf_architecture_is_named(tmp_path: Path) -> None:
 
     from vlite.model_loader import load_model_weights, resolve_model
 
-    path = tmp_path / "gemma3.gguf"
-    w = gguf.GGUFWriter(str(path), "gemma3")
+    path = tmp_path / "phi3.gguf"
+    w = gguf.GGUFWriter(str(path), "phi3")
     w.add_embedding_length(16)
     w.add_head_count(2)
     w.add_tensor("token_embd.weight", np.zeros((32, 16), dtype=np.float32))
@@ -77,31 +80,80 @@ def test_unsupported_gguf_architecture_is_named(tmp_path: Path) -> None:
     w.close()
     import torch
 
-    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma3'") as e:
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'phi3'") as e:
         load_model_weights(resolve_model(str(path)), torch.float32)
     _assert_lists_supported(str(e.value), registry.SUPPORTED_GGUF_ARCHITECTURES)
-    assert set(registry.SUPPORTED_GGUF_ARCHITECTURES) == {"llama", "qwen2", "qwen3"}
+    assert set(registry.SUPPORTED_GGUF_ARCHITECTURES) == {"llama", "qwen2", "qwen3", "gemma3"}
 
 
 @pytest.mark.parametrize("arch,extra,sliding", [
-    ("MistralForCausalLM", {"sliding_window": 4096}, True),
-    ("MistralForCausalLM", {"sliding_window": None}, False),
     # Qwen2.5's own config.json: a window that is switched off
     ("Qwen2ForCausalLM", {"use_sliding_window": False, "sliding_window": 32768, "max_window_layers": 21}, False),
     ("Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1}, True),
     ("Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}, False),
     ("Qwen3ForCausalLM", {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 64}, True),
-    ("Qwen3ForCausalLM", {"layer_types": ["full_attention", "full_attention"], "sliding_window": 64}, False)])
-def test_sliding_window_is_refused(arch: str, extra: dict, sliding: bool) -> None:
+    ("Qwen3ForCausalLM", {"layer_types": ["full_attention", "full_attention"], "sliding_window": 64}, False),
+    ("LlamaForCausalLM", {"sliding_window": 64}, True)])
+def test_sliding_window_is_refused_where_unsupported(arch: str, extra: dict, sliding: bool) -> None:
     config = {**_BASE, "architectures": [arch], **extra}
     if sliding:
         with pytest.raises(ValueError, match="sliding-window attention are not supported"):
             ModelArchConfig.from_hf_config(config)
     else:
-        assert ModelArchConfig.from_hf_config(config).spec.hf_architectures == (arch,)
+        cfg = ModelArchConfig.from_hf_config(config)
+        assert cfg.spec.hf_architectures == (arch,) and cfg.attention_windows == (0,)
+
+
+@pytest.mark.parametrize("arch,extra,windows", [
+    ("MistralForCausalLM", {"sliding_window": 4096}, (4096, 4096)),
+    ("MistralForCausalLM", {"sliding_window": None}, (0, 0)),
+    ("Gemma2ForCausalLM", {"sliding_window": 32}, (32, 0)),  # every other layer, the first sliding
+    ("Gemma2ForCausalLM", {"sliding_window": 32, "layer_types": ["full_attention", "sliding_attention"]}, (0, 32)),
+    ("Gemma3ForCausalLM", {"sliding_window": 8, "num_hidden_layers": 7}, (8, 8, 8, 8, 8, 0, 8)),  # 5:1
+    ("Gemma3ForCausalLM", {"sliding_window": 8, "num_hidden_layers": 4, "sliding_window_pattern": 2}, (8, 0, 8, 0)),
+    ("Gemma3ForCausalLM", {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}, (8, 0))])
+def test_layer_windows(arch: str, extra: dict, windows: tuple[int, ...]) -> None:
+    cfg = ModelArchConfig.from_hf_config({**_BASE, "architectures": [arch], **extra})
+    assert tuple(cfg.layer_window(i) for i in range(cfg.num_hidden_layers)) == windows
+    assert cfg.attention_windows == tuple(sorted(set(windows)))
+    # the KV cache frees blocks behind the window only where every layer slides
+    assert cfg.kv_sliding_window == (windows[0] if min(windows) > 0 else None)
+
+
+def test_gemma_configs() -> None:
+    """What Gemma's config.json says, in the conventions of transformers 4 (flat rope keys) and 5
+    (rope_parameters per layer type), and what the family fixes."""
+    old = ModelArchConfig.from_hf_config({
+        **_BASE, "architectures": ["Gemma3ForCausalLM"], "hidden_activation": "gelu_pytorch_tanh",
+        "head_dim": 256, "query_pre_attn_scalar": 256, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 512,
+        "final_logit_softcapping": None, "attn_logit_softcapping": 50.0})
+    assert (old.rope_theta, old.rope_scaling, old.rope_local_theta) == (1e6, {"rope_type": "linear", "factor": 8.0},
+                                                                        1e4)
+    assert old.head_dim == 256 and old.query_pre_attn_scalar == 256 and old.hidden_act == "gelu_pytorch_tanh"
+    assert old.qk_norm and old.norm_unit_offset and old.sandwich_norms and old.scale_embeddings
+    assert old.attn_logit_softcapping is None  # transformers' Gemma 3 applies none
+    new = ModelArchConfig.from_hf_config({
+        **_BASE, "model_type": "gemma3_text", "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 2e5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 5e3}}})
+    assert (new.rope_theta, new.rope_scaling, new.rope_local_theta) == (2e5, None, 5e3)
+    assert new.query_pre_attn_scalar == 256  # transformers' default
+    gemma2 = ModelArchConfig.from_hf_config({**_BASE, "architectures": ["Gemma2ForCausalLM"], "sliding_window": 16,
+                                             "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                                             "query_pre_attn_scalar": 144})
+    assert (gemma2.attn_logit_softcapping, gemma2.final_logit_softcapping) == (50.0, 30.0)
+    assert gemma2.rope_local_theta is None and not gemma2.qk_norm and gemma2.query_pre_attn_scalar == 144
+    with pytest.raises(ValueError, match="bidirectional"):
+        ModelArchConfig.from_hf_config({**_BASE, "architectures": ["Gemma3ForCausalLM"],
+                                        "use_bidirectional_attention": True})
+    with pytest.raises(ValueError, match="unsupported hidden_act 'gelu'"):
+        ModelArchConfig.from_hf_config({**_BASE, "architectures": ["LlamaForCausalLM"], "hidden_act": "gelu"})
 
 
 def test_registry_and_configs_import_no_torch() -> None:
-    """The API server process parses model configs too and never imports torch."""
-    code = "import sys, vlite.model_loader, vlite.models.registry; assert 'torch' not in sys.modules"
+    """The API server process parses model configs too and never imports torch; nor does the scheduler
+    with its (sliding-window) KV cache manager."""
+    code = ("import sys, vlite.model_loader, vlite.models.registry, vlite.core.sched.scheduler; "
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

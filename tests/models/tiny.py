@@ -88,10 +88,13 @@ def save_hf(model: Any, tokenizer: Any, folder: Path, max_shard_size: str | None
 def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = True) -> Path:
     """The model as llama.cpp's converter lays it out: tensor names from the gguf package's own map
     for `arch`, its metadata keys, matrices in F16 (or F32), vectors in F32, no lm_head when tied, a
-    byte-level BPE tokenizer with the chat template."""
+    byte-level BPE tokenizer with the chat template. Gemma 3: the sliding window (llama.cpp fixes the
+    5:1 layer pattern, the local rope base and the query scaling), RMSNorm weights stored with the 1 of
+    Gemma's (1 + weight) added, the global layers' rope scaling."""
     import gguf
 
     cfg = model.config
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)  # Gemma 3: per layer type
     arch_enum = {name: a for a, name in gguf.MODEL_ARCH_NAMES.items()}[arch]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(cfg.max_position_embeddings)
@@ -100,7 +103,12 @@ def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = Tr
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_rope_freq_base(float(rope["rope_theta"]))
+    if rope.get("rope_type", "default") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(rope["factor"]))
+    if arch == "gemma3":
+        w.add_sliding_window(cfg.sliding_window)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if getattr(cfg, "head_dim", None) and cfg.head_dim != cfg.hidden_size // cfg.num_attention_heads:
         w.add_key_length(cfg.head_dim)
@@ -130,6 +138,8 @@ def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = Tr
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             data = _llama_cpp_rotary_order(data, heads)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            data = data + 1
         w.add_tensor(gguf_name, data.astype(np.float16 if f16 and data.ndim == 2 else np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -144,8 +154,8 @@ def _llama_cpp_rotary_order(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def references(model: Any, prompt_ids: list[list[int]]) -> list[Reference]:
-    return [hf_greedy(model, p, MAX_NEW) for p in prompt_ids]
+def references(model: Any, prompt_ids: list[list[int]], max_new: int = MAX_NEW) -> list[Reference]:
+    return [hf_greedy(model, p, max_new) for p in prompt_ids]
 
 
 def run_vlite(model_path: Path, prompt_ids: list[list[int]], **llm_kwargs: Any) -> tuple[Any, list[Any]]:

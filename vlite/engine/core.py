@@ -22,7 +22,9 @@ class EngineCore:
     def __init__(self, loaded: LoadedEngineConfig) -> None:
         cfg = loaded.config
         cache = cfg.cache_config
-        self.kv_cache_manager = KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching)
+        # An all-sliding-window model (Mistral) frees the KV blocks behind the window as requests run.
+        self.kv_cache_manager = KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
+                                               sliding_window=loaded.arch.kv_sliding_window)
         self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager)
         self.model_runner = ModelRunner(
             loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks, cache.block_size,

@@ -1,9 +1,13 @@
 """Self-attention of a decoder layer over the paged KV cache, with the options models differ in.
 
     qkv = x @ [Wq; Wk; Wv].T (+ bias: Qwen2, Llama with attention_bias)
-    q, k = RMSNorm per head (Qwen3: own weights for q and k, before rotary)
-    q, k = rotary(q, k)
+    q, k = RMSNorm per head (Qwen3, Gemma 3: own weights for q and k, before rotary)
+    q, k = rotary(q, k)                (Gemma 3: sliding layers get the tables of their own base)
     o    = paged_attention(q, k, v) @ Wo.T (+ bias: Llama with attention_bias, Qwen3 with attention_bias)
+
+paged_attention scales the scores by head_dim ** -0.5, or query_pre_attn_scalar ** -0.5 (Gemma),
+soft-caps them where the config says (Gemma 2), and lets the query at position p see the keys in
+(p - window, p] on a sliding-window layer.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import torch
 from torch import nn
 
 from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata, paged_attention
-from vlite.layers.layernorm import RMSNorm
+from vlite.layers.layernorm import rms_norm
 from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
 from vlite.layers.quantization import QuantizationPlan, linear
 from vlite.model_loader.arch_config import ModelArchConfig
@@ -23,13 +27,15 @@ from vlite.layers.rotary_embedding import RotaryEmbedding
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, layer: int = 0) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads, cfg.num_key_value_heads,
                                                             cfg.head_dim)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = (cfg.query_pre_attn_scalar or self.head_dim) ** -0.5
+        self.window = cfg.layer_window(layer)  # 0: every key before the query
+        self.softcap = cfg.attn_logit_softcapping
         # Fused QKV projection: one matmul instead of three.
         self.qkv_bias = (fused_bias(w, [f"{prefix}.{n}_proj.bias" for n in "qkv"], dtype)
                          if cfg.attention_bias else None)
@@ -39,8 +45,8 @@ class Attention(nn.Module):
         ops = fast_ops(plan)
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(w[f"{prefix}.q_norm.weight"].to(dtype), cfg.rms_norm_eps, ops)
-            self.k_norm = RMSNorm(w[f"{prefix}.k_norm.weight"].to(dtype), cfg.rms_norm_eps, ops)
+            self.q_norm = rms_norm(w[f"{prefix}.q_norm.weight"], cfg, dtype, ops)
+            self.k_norm = rms_norm(w[f"{prefix}.k_norm.weight"], cfg, dtype, ops)
         self.ops = ops if self.head_dim <= 512 else None
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
@@ -61,5 +67,5 @@ class Attention(nn.Module):
             qk = RotaryEmbedding.apply(qkv[:, :h + hkv], *rope)  # q and k in one go
             q, k = qk[:, :h], qk[:, h:]
         v = qkv[:, h + hkv:]
-        o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale)
+        o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale, self.window, self.softcap)
         return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual)

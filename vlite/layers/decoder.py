@@ -5,7 +5,9 @@
     logits = lm_head(norm(hidden))         (compute_logits, on the rows that sample only)
 
 A model file (vlite/models/) subclasses `CausalLM` and says what is particular to it: its layer
-class, its fast paths. The model owns no KV state: the runner passes each layer its paged cache
+class, its fast paths. What the config switches on is handled here for every model: embeddings scaled
+by sqrt(hidden_size), a second rotary base for sliding-window layers, final-logit soft-capping (Gemma).
+The model owns no KV state: the runner passes each layer its paged cache
 tensor and the step's attention metadata explicitly.
 """
 
@@ -19,7 +21,7 @@ from torch import nn
 
 from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata
 from vlite.layers.attention import Attention
-from vlite.layers.layernorm import RMSNorm
+from vlite.layers.layernorm import rms_norm
 from vlite.layers.linear import Weights, fast_ops, linear_weight, param
 from vlite.layers.mlp import GatedMLP
 from vlite.layers.packed import PackedTensors, TiledTensors
@@ -36,10 +38,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         p = f"model.layers.{i}"
         ops = fast_ops(plan)
-        self.input_layernorm = RMSNorm(w[f"{p}.input_layernorm.weight"].to(dtype), cfg.rms_norm_eps, ops)
-        self.self_attn = Attention(cfg, w, f"{p}.self_attn", plan, dtype)
-        self.post_attention_layernorm = RMSNorm(w[f"{p}.post_attention_layernorm.weight"].to(dtype), cfg.rms_norm_eps,
-                                                ops)
+        self.input_layernorm = rms_norm(w[f"{p}.input_layernorm.weight"], cfg, dtype, ops)
+        self.self_attn = Attention(cfg, w, f"{p}.self_attn", plan, dtype, layer=i)
+        self.post_attention_layernorm = rms_norm(w[f"{p}.post_attention_layernorm.weight"], cfg, dtype, ops)
         self.mlp = GatedMLP(cfg, w, f"{p}.mlp", plan, dtype)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
@@ -47,6 +48,36 @@ class DecoderLayer(nn.Module):
         # the skip connections go into the output projections (added in float32 by the quantized kernels)
         hidden = self.self_attn(rope, self.input_layernorm(hidden), kv_cache, attn_metadata, residual=hidden)
         return self.mlp(self.post_attention_layernorm(hidden), residual=hidden)
+
+
+class SandwichDecoderLayer(nn.Module):
+    """Norms before and after both blocks (Gemma 2/3): h += norm(attn(norm(h))); h += norm(mlp(norm(h))).
+
+    The outputs are normalized before the skip connection is added, so it cannot ride in the output
+    projections as in `DecoderLayer`.
+    """
+
+    def __init__(self, cfg: ModelArchConfig, w: Weights, i: int, plan: QuantizationPlan, dtype: torch.dtype
+                 ) -> None:
+        super().__init__()
+        p = f"model.layers.{i}"
+        ops = fast_ops(plan)
+
+        def norm(name: str) -> nn.Module:
+            return rms_norm(w[f"{p}.{name}.weight"], cfg, dtype, ops)
+
+        self.input_layernorm = norm("input_layernorm")
+        self.self_attn = Attention(cfg, w, f"{p}.self_attn", plan, dtype, layer=i)
+        self.post_attention_layernorm = norm("post_attention_layernorm")
+        self.pre_feedforward_layernorm = norm("pre_feedforward_layernorm")
+        self.mlp = GatedMLP(cfg, w, f"{p}.mlp", plan, dtype)
+        self.post_feedforward_layernorm = norm("post_feedforward_layernorm")
+
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
+        attn = self.self_attn(rope, self.input_layernorm(hidden), kv_cache, attn_metadata)
+        hidden = hidden + self.post_attention_layernorm(attn)
+        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
 
 
 class CausalLM(nn.Module):
@@ -61,6 +92,14 @@ class CausalLM(nn.Module):
         self.dtype = dtype
         self._plan = plan
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        # Gemma 3's sliding layers rotate with their own base (unscaled); the others with `rotary`
+        self.local_rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None)
+                             if cfg.rope_local_theta is not None and any(cfg.layer_windows) else None)
+        self._local_rope_layers = [self.local_rotary is not None and cfg.layer_window(i) > 0
+                                   for i in range(cfg.num_hidden_layers)]
+        # Gemma: embeddings times sqrt(hidden_size), the factor rounded to the model's dtype as transformers does
+        self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=dtype) if cfg.scale_embeddings else None
+        self.final_logit_softcapping = cfg.final_logit_softcapping
         embed = weights["model.embed_tokens.weight"]
         # A quantized embedding stays packed where the plan runs packed weights: a lookup dequantizes
         # just the step's rows (the same values as a dense copy, in a quarter of the memory).
@@ -69,7 +108,7 @@ class CausalLM(nn.Module):
                                                                                         dtype))
         self.layers = nn.ModuleList(self.layer_class(cfg, weights, i, plan, dtype)
                                     for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(weights["model.norm.weight"].to(dtype), cfg.rms_norm_eps, fast_ops(plan))
+        self.norm = rms_norm(weights["model.norm.weight"], cfg, dtype, fast_ops(plan))
         # the rotary tables the attention layers take: float32 rows for their in-place C++ rotation
         self.fast_rope = self.layers[0].self_attn.ops is not None
         lm_head = weights.get("lm_head.weight")
@@ -96,17 +135,24 @@ class CausalLM(nn.Module):
             return self.packed_embed.rows(input_ids).dequantize(torch.float32).to(self.dtype)
         return F.embedding(input_ids, self.embed_tokens)
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's rotary tables, computed once and shared by every layer."""
-        return self.rotary.get_cos_sin_f32(positions) if self.fast_rope else self.rotary.get_cos_sin(positions, dtype)
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype, rotary: Optional[RotaryEmbedding] = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's rotary tables, computed once and shared by every layer (of one rope base)."""
+        rotary = rotary or self.rotary
+        return rotary.get_cos_sin_f32(positions) if self.fast_rope else rotary.get_cos_sin(positions, dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
         hidden = self.embed(input_ids)
+        if self.embed_scale is not None:
+            hidden = hidden * self.embed_scale
         rope = self.rope(positions, hidden.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(rope, hidden, kv_cache, attn_metadata)
+        local = self.rope(positions, hidden.dtype, self.local_rotary) if self.local_rotary is not None else rope
+        for layer, kv_cache, is_local in zip(self.layers, kv_caches, self._local_rope_layers):
+            hidden = layer(local if is_local else rope, hidden, kv_cache, attn_metadata)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.lm_head).float()
+        logits = linear(hidden, self.lm_head).float()
+        cap = self.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap

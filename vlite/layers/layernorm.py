@@ -24,3 +24,11 @@ class RMSNorm(nn.Module):
         # reference formula weight * (x * rsqrt(mean(x^2) + eps)), half-precision inputs are
         # accumulated in float32.
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+def rms_norm(weight: torch.Tensor, cfg: Any, dtype: torch.dtype, ops: Any = None) -> RMSNorm:
+    """An RMSNorm of the model's convention (`cfg`: its ModelArchConfig). Gemma's checkpoints store w
+    for a scale of (1 + w): the 1 is added here once, in float32 as transformers adds it."""
+    if cfg.norm_unit_offset:
+        weight = weight.float() + 1.0
+    return RMSNorm(weight.to(dtype), cfg.rms_norm_eps, ops)

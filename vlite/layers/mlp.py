@@ -1,4 +1,5 @@
-"""The gated feed-forward block of Llama-style decoders: down(silu(gate(x)) * up(x))."""
+"""The gated feed-forward block of Llama-style decoders: down(act(gate(x)) * up(x)), act = SiLU, or
+GELU with the tanh approximation (Gemma's gelu_pytorch_tanh)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from vlite.model_loader.arch_config import ModelArchConfig
 
 class GatedMLP(nn.Module):
     """Gate and up projections fused into one matmul; SiLU-and-multiply in one C++ call on quantized
-    models. Biases where the config has `mlp_bias`."""
+    models (GELU runs in torch). Biases where the config has `mlp_bias`."""
 
     def __init__(self, cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
                  dtype: torch.dtype) -> None:
@@ -27,7 +28,8 @@ class GatedMLP(nn.Module):
         self.gate_up_bias = (fused_bias(w, [f"{prefix}.gate_proj.bias", f"{prefix}.up_proj.bias"], dtype)
                              if cfg.mlp_bias else None)
         self.down_bias = fused_bias(w, [f"{prefix}.down_proj.bias"], dtype) if cfg.mlp_bias else None
-        self.ops = fast_ops(plan) if self.intermediate_size % 16 == 0 else None
+        self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
+        self.ops = fast_ops(plan) if self.intermediate_size % 16 == 0 and not self.gelu else None
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The block's output, plus `residual` (the layer's skip connection) when given."""
@@ -35,4 +37,5 @@ class GatedMLP(nn.Module):
         if self.ops is not None:
             return linear(self.ops.silu_and_mul(gate_up), self.down_weight, self.down_bias, residual)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return linear(F.silu(gate) * up, self.down_weight, self.down_bias, residual)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return linear(act * up, self.down_weight, self.down_bias, residual)

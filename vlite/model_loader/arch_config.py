@@ -30,7 +30,7 @@ _DEFAULT_LLAMA3_ORIGINAL_CONTEXT = 8192
 class ModelArchConfig:
     """Shape, numerics and optional features of a decoder-only model, in Hugging Face terms."""
 
-    architecture: str  # vlite's family name (registry.ModelSpec.name): "llama", "mistral", "qwen2", "qwen3"
+    architecture: str  # vlite's family name (registry.ModelSpec.name): "llama", "mistral", "qwen2", "gemma3", ...
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -48,7 +48,18 @@ class ModelArchConfig:
     attention_bias: bool = False  # bias on the q, k and v projections
     attention_out_bias: bool = False  # bias on o_proj (Llama's attention_bias sets both; Qwen2 has q/k/v only)
     mlp_bias: bool = False  # bias on gate, up and down projections
-    qk_norm: bool = False  # RMSNorm over each head of q and k before rotary (Qwen3)
+    qk_norm: bool = False  # RMSNorm over each head of q and k before rotary (Qwen3, Gemma 3)
+    hidden_act: str = "silu"  # the MLP's gate activation: "silu" or "gelu_pytorch_tanh" (Gemma)
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma; the checkpoint stores weight)
+    sandwich_norms: bool = False  # norms after attention and after the MLP too: 4 a layer (Gemma 2/3)
+    scale_embeddings: bool = False  # embeddings times sqrt(hidden_size), in the model's dtype (Gemma)
+    # Per layer, the keys a query sees: 0 = every one before it, w > 0 = its last w (sliding window).
+    # Empty: every layer global.
+    layer_windows: tuple[int, ...] = ()
+    rope_local_theta: float | None = None  # rope base of sliding layers, unscaled (Gemma 3); None: rope_theta
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma); None: head_dim
+    attn_logit_softcapping: float | None = None  # attention scores = cap * tanh(scores / cap) (Gemma 2)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2, some Gemma 3)
     # GGUF type of the linear layers' weights in the source file ("Q4_1", ...; "mixed"), None for
     # dense sources. The engine may keep such weights packed (vlite.layers.quantization).
     source_quantization: str | None = None
@@ -59,10 +70,33 @@ class ModelArchConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(_ACTIVATIONS)}")
+        object.__setattr__(self, "layer_windows", tuple(int(w) for w in self.layer_windows))  # JSON gives a list
+        if self.layer_windows and (len(self.layer_windows) != self.num_hidden_layers
+                                   or min(self.layer_windows) < 0):
+            raise ValueError(f"layer_windows {self.layer_windows} must give each of the "
+                             f"{self.num_hidden_layers} layers a window >= 0")
 
     @property
     def spec(self) -> ModelSpec:
         return spec_for(self.architecture)
+
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of `layer` (0: it attends to every key before the query)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def attention_windows(self) -> tuple[int, ...]:
+        """The distinct windows of the model's layers, ascending (0 first where some layer is global)."""
+        return tuple(sorted({self.layer_window(i) for i in range(self.num_hidden_layers)}))
+
+    @property
+    def kv_sliding_window(self) -> int | None:
+        """Where every layer slides: the largest window, behind which KV blocks are never read again (the
+        KV cache manager frees them). None where some layer attends globally and reads every block."""
+        windows = self.attention_windows
+        return windows[-1] if windows and windows[0] > 0 else None
 
     # ------------------------------------------------------------------ HF
     @classmethod
@@ -75,17 +109,14 @@ class ModelArchConfig:
         ``rope_parameters`` dict written by transformers 5.
         """
         spec = _hf_spec(config)
-        act = config.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"unsupported hidden_act {act!r}; only 'silu' is supported")
-        if _has_sliding_window(config):
-            raise ValueError(f"{spec.name} models with sliding-window attention are not supported yet")
-
+        if config.get("use_bidirectional_attention"):
+            raise ValueError(f"{spec.name} models with bidirectional attention (embedding models) are not supported")
+        layer_windows = _hf_layer_windows(config, spec)
         hidden = int(config["hidden_size"])
         n_heads = int(config["num_attention_heads"])
         n_kv = int(config.get("num_key_value_heads") or n_heads)
         head_dim = config.get("head_dim") or hidden // n_heads
-        rope_theta, rope_scaling = _hf_rope(config)
+        rope_theta, rope_scaling, rope_local_theta = _hf_rope(config)
 
         eos: list[int] = []
         _extend_ids(eos, config.get("eos_token_id"))
@@ -96,8 +127,15 @@ class ModelArchConfig:
             bos = generation_config.get("bos_token_id")
 
         bias = bool(config.get("attention_bias", False))  # Llama/Qwen3: q, k, v and o alike
-        features = {"attention_bias": bias, "attention_out_bias": bias,
-                    "mlp_bias": bool(config.get("mlp_bias", False)), **spec.features}
+        optional = {"rope_local_theta": rope_local_theta,
+                    **{k: _float_or_none(config.get(k)) for k in (
+                        "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")}}
+        features = {**spec.defaults, **{k: v for k, v in optional.items() if v is not None},
+                    "attention_bias": bias, "attention_out_bias": bias,
+                    "mlp_bias": bool(config.get("mlp_bias", False)),
+                    # Gemma names its activation hidden_activation (older configs carry both keys)
+                    "hidden_act": config.get("hidden_activation") or config.get("hidden_act") or "silu",
+                    **spec.features}
         return cls(
             architecture=spec.name,
             vocab_size=int(config["vocab_size"]),
@@ -114,6 +152,7 @@ class ModelArchConfig:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(eos),
+            layer_windows=layer_windows,
             **features,
         )
 
@@ -162,9 +201,29 @@ class ModelArchConfig:
             _extend_ids(eos, _field(reader, f"tokenizer.ggml.{k}"))
         bos = _field(reader, "tokenizer.ggml.bos_token_id")
 
+        n_layers = int(key("block_count"))
+        layer_windows: tuple[int, ...] = ()
+        window = int(key("attention.sliding_window", 0) or 0)
+        if window and spec.sliding_global_every is not None:
+            pattern = key("attention.sliding_window_pattern")  # newer files: per layer True = sliding
+            if isinstance(pattern, list):
+                sliding = [bool(p) for p in pattern]
+            else:  # llama.cpp's fixed pattern for the family (or a count written as the key)
+                every = int(pattern or spec.sliding_global_every)
+                sliding = [every == 0 or (i + 1) % every != 0 for i in range(n_layers)]
+            layer_windows = tuple(window if s else 0 for s in sliding)
+        optional = {"rope_local_theta": key("rope.freq_base_swa"),
+                    "attn_logit_softcapping": key("attn_logit_softcapping"),
+                    "final_logit_softcapping": key("final_logit_softcapping")}
+        if spec.features.get("scale_embeddings"):
+            # Gemma: GGUF stores no query_pre_attn_scalar; llama.cpp scales queries by 1/sqrt(head_dim),
+            # except Gemma 3 27B (62 layers): 1/sqrt(hidden / heads), that checkpoint's query_pre_attn_scalar.
+            big = spec.name == "gemma3" and n_layers == 62
+            optional["query_pre_attn_scalar"] = hidden / n_heads if big else head_dim
         # Optional parts show in the tensors a file has; the architecture's fixed features win, so a
         # file lacking one of its tensors fails as "missing tensors", not with a wrong model.
-        features = {"attention_bias": "blk.0.attn_q.bias" in tensor_names,
+        features = {**spec.defaults, **{k: float(v) for k, v in optional.items() if v},
+                    "attention_bias": "blk.0.attn_q.bias" in tensor_names,
                     "attention_out_bias": "blk.0.attn_output.bias" in tensor_names,
                     "mlp_bias": "blk.0.ffn_up.bias" in tensor_names,
                     "qk_norm": "blk.0.attn_q_norm.weight" in tensor_names, **spec.features}
@@ -173,7 +232,7 @@ class ModelArchConfig:
             vocab_size=int(vocab),
             hidden_size=hidden,
             intermediate_size=int(key("feed_forward_length")),
-            num_hidden_layers=int(key("block_count")),
+            num_hidden_layers=n_layers,
             num_attention_heads=n_heads,
             num_key_value_heads=n_kv,
             head_dim=head_dim,
@@ -184,6 +243,7 @@ class ModelArchConfig:
             tie_word_embeddings="output.weight" not in tensor_names,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(eos),
+            layer_windows=layer_windows,
             **features,
         )
 
@@ -200,6 +260,8 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        if config.sandwich_norms:
+            names |= {p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"}
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
             names.add(f"{p}self_attn.{proj}.weight")
             if config.attention_out_bias if proj == "o_proj" else config.attention_bias:
@@ -225,6 +287,36 @@ def _hf_spec(config: dict[str, Any]) -> ModelSpec:
     except ValueError:
         raise ValueError(f"unsupported model_type {model_type!r} (config.json names no architecture); "
                          f"vlite supports: {', '.join(SUPPORTED_HF_ARCHITECTURES)}") from None
+
+
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _hf_layer_windows(config: dict[str, Any], spec: ModelSpec) -> tuple[int, ...]:
+    """Each layer's sliding window from a config.json (() when none slides); refused where the family
+    has no sliding-window support in vlite."""
+    if spec.sliding_global_every is None:
+        if _has_sliding_window(config):
+            raise ValueError(f"{spec.name} models with sliding-window attention are not supported yet")
+        return ()
+    window = config.get("sliding_window")
+    if not window:
+        return ()
+    n_layers = int(config["num_hidden_layers"])
+    layer_types = config.get("layer_types")
+    if layer_types:
+        if len(layer_types) != n_layers or set(layer_types) - {"sliding_attention", "full_attention"}:
+            raise ValueError(f"layer_types {layer_types} is not one of sliding_attention/full_attention per layer")
+        sliding = [t == "sliding_attention" for t in layer_types]
+    else:  # Gemma 3's older configs: sliding_window_pattern; Mistral: every layer
+        every = int(config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
+                    or spec.sliding_global_every)
+        sliding = [every == 0 or (i + 1) % every != 0 for i in range(n_layers)]
+    return tuple(int(window) if s else 0 for s in sliding)
 
 
 def _has_sliding_window(config: dict[str, Any]) -> bool:
@@ -258,11 +350,23 @@ def _field(reader: Any, name: str, default: Any = None) -> Any:
     return field.contents()
 
 
-def _hf_rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """Return (rope_theta, rope_scaling-or-None) from either HF config convention."""
+def _hf_rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:
+    """Return (rope_theta, rope_scaling-or-None, local rope_theta-or-None) from either HF config convention.
+
+    Gemma 3 gives its sliding layers their own base: `rope_local_base_freq` (transformers 4), or
+    `rope_parameters` per layer type (transformers 5: {"full_attention": {...}, "sliding_attention": {...}}).
+    """
     params = config.get("rope_parameters")
     scaling = config.get("rope_scaling")
     theta = config.get("rope_theta")
+    local_theta = config.get("rope_local_base_freq")
+    if isinstance(params, dict) and "full_attention" in params:
+        local = params.get("sliding_attention") or {}
+        if local.get("rope_type", "default") != "default":
+            raise ValueError(f"rope scaling of sliding layers ({local}) is not supported")
+        if local.get("rope_theta") is not None:
+            local_theta = local["rope_theta"]
+        params = params["full_attention"]
     if isinstance(params, dict):
         if theta is None:
             theta = params.get("rope_theta")
@@ -278,7 +382,7 @@ def _hf_rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         scaling.pop("rope_theta", None)
         if scaling.get("rope_type", "default") == "default":
             scaling = None
-    return float(theta), scaling or None
+    return float(theta), scaling or None, _float_or_none(local_theta)
 
 
 def llama3_factors(theta: float, head_dim: int, scaling: dict[str, Any]) -> np.ndarray:

@@ -45,12 +45,13 @@ _SKIPPED = {"rope_freqs.weight"}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
-def gguf_to_hf_name(name: str) -> str | None:
-    """Map a GGUF tensor name to its HF name; None if it is not recognised."""
+def gguf_to_hf_name(name: str, layer_names: dict[str, str] | None = None) -> str | None:
+    """Map a GGUF tensor name to its HF name; None if it is not recognised. `layer_names`: the
+    family's own per-layer names (registry.ModelSpec.gguf_layer_names), which take precedence."""
     m = _LAYER_RE.match(name)
     if m:
         layer, base, kind = m.groups()
-        hf = _LAYER_NAMES.get(base)
+        hf = (layer_names or {}).get(base) or _LAYER_NAMES.get(base)
         return None if hf is None else f"model.layers.{layer}.{hf}.{kind}"
     base, _, kind = name.rpartition(".")
     hf = _GLOBAL_NAMES.get(base)
@@ -76,13 +77,14 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str
     reader = gguf.GGUFReader(str(path))
     config = ModelArchConfig.from_gguf_metadata(reader)
     permuted = config.spec.gguf_qk_permuted
+    layer_names = config.spec.gguf_layer_names
 
     weights: dict[str, Weight] = {}
     linear_types: set[str] = set()
     for t in reader.tensors:
         if t.name in _SKIPPED:
             continue
-        hf_name = gguf_to_hf_name(t.name)
+        hf_name = gguf_to_hf_name(t.name, layer_names)
         if hf_name is None:
             raise ValueError(f"{path}: unexpected tensor {t.name!r} for a {config.architecture} GGUF file")
         # GGUF lists dims fastest-first; numpy (row-major) wants them reversed.
@@ -108,6 +110,10 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str
         arr = dequantize(t.data, t.tensor_type).reshape(shape)
         if n_head is not None:
             arr = unpermute_qk(arr, n_head)
+        if config.norm_unit_offset and hf_name.endswith("norm.weight"):
+            # llama.cpp's converter stores Gemma's RMSNorm weights with the 1 of (1 + weight) added
+            # (ggml multiplies by the weight as is); back to the checkpoint's meaning
+            arr = arr.astype(np.float64) - 1.0
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
             arr = arr.copy()

@@ -1,4 +1,4 @@
-"""Llama 1/2/3.x, SmolLM and Mistral (without a sliding window): the plain pre-norm decoder of
+"""Llama 1/2/3.x, SmolLM and Mistral (with or without its sliding window): the plain pre-norm decoder of
 vlite.layers, with q/k/v/o and MLP biases where the config has them.
 
 What is Llama's own here: all-decode steps of a quantized model run each decoder layer as one C++
@@ -29,7 +29,7 @@ class LlamaForCausalLM(CausalLM):
     def _fused_decode_args(self) -> Optional[list[tuple]]:
         """Per layer, the arguments of the C++ `llama_decode_layer` (all-decode steps in one call per
         layer), where every projection runs packed weights on the kernels and the layer has no part the
-        C++ layer lacks (o_proj or MLP biases, q/k norms); else None."""
+        C++ layer lacks (o_proj or MLP biases, q/k norms, a sliding window); else None."""
         ops = self._fused_ops = fast_ops(self._plan)
         if ops is None or self.config.head_dim % 16 or self.config.head_dim > 256:
             return None
@@ -37,7 +37,7 @@ class LlamaForCausalLM(CausalLM):
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             if (attn.o_bias is not None or attn.q_norm is not None or mlp.gate_up_bias is not None
-                    or mlp.down_bias is not None):
+                    or mlp.down_bias is not None or attn.window or attn.softcap is not None):
                 return None
             linears = [attn.qkv_weight, attn.o_weight, mlp.gate_up_weight, mlp.down_weight]
             if not all(isinstance(w, QuantizedLinear) and w.ops is not None for w in linears) or mlp.ops is None:

@@ -32,17 +32,43 @@ class ModelSpec:
     gguf_qk_permuted: bool = False
     # ModelArchConfig fields the architecture fixes whatever its config.json says (or leaves out).
     features: dict[str, Any] = field(default_factory=dict)
+    # ModelArchConfig fields for what a source may leave unsaid (transformers' defaults; GGUF files store
+    # no local rope base).
+    defaults: dict[str, Any] = field(default_factory=dict)
+    # Sliding-window attention: None = not supported (a config asking for it is refused); 0 = every
+    # layer slides (Mistral); n > 0 = every n-th layer attends globally and the others slide, where the
+    # config lists no `layer_types` (Gemma 2: 2, Gemma 3: 6, also llama.cpp's fixed pattern for GGUF).
+    sliding_global_every: int | None = None
+    # GGUF per-layer tensor names that differ from the common ones (gguf_loader._LAYER_NAMES).
+    gguf_layer_names: dict[str, str] = field(default_factory=dict)
 
+
+# Gemma 2/3: four norms a layer, and GGUF names them differently from Llama ("ffn_norm" is Gemma's
+# pre-feedforward norm, not Llama's post-attention one).
+_GEMMA_GGUF_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                     "post_ffw_norm": "post_feedforward_layernorm"}
+_GEMMA = {"hidden_act": "gelu_pytorch_tanh", "norm_unit_offset": True, "sandwich_norms": True,
+          "scale_embeddings": True}
 
 _SPECS = (
     ModelSpec("llama", ("LlamaForCausalLM",), "vlite.models.llama:LlamaForCausalLM", gguf_qk_permuted=True),
-    # Mistral without a sliding window is Llama; llama.cpp writes its GGUF files as "llama".
-    ModelSpec("mistral", ("MistralForCausalLM",), "vlite.models.llama:LlamaForCausalLM", gguf=False),
+    # Mistral is Llama with a sliding window on every layer (or none); llama.cpp writes its GGUF files as "llama".
+    ModelSpec("mistral", ("MistralForCausalLM",), "vlite.models.llama:LlamaForCausalLM", gguf=False,
+              sliding_global_every=0),
     ModelSpec("qwen2", ("Qwen2ForCausalLM",), "vlite.models.qwen2:Qwen2ForCausalLM",
               features={"attention_bias": True, "attention_out_bias": False, "mlp_bias": False}),
     ModelSpec("qwen3", ("Qwen3ForCausalLM",), "vlite.models.qwen3:Qwen3ForCausalLM",
               features={"qk_norm": True, "mlp_bias": False}),
+    ModelSpec("gemma2", ("Gemma2ForCausalLM",), "vlite.models.gemma2:Gemma2ForCausalLM", gguf=False,
+              features=_GEMMA, defaults={"query_pre_attn_scalar": 256.0}, sliding_global_every=2),
+    # Gemma 3 text-only checkpoints (model_type gemma3_text); GGUF files of any Gemma 3 hold the text
+    # model only. transformers' Gemma 3 applies no attention-logit soft-capping whatever the config says.
+    ModelSpec("gemma3", ("Gemma3ForCausalLM",), "vlite.models.gemma3:Gemma3ForCausalLM",
+              features={**_GEMMA, "qk_norm": True, "attn_logit_softcapping": None},
+              defaults={"rope_local_theta": 10000.0, "query_pre_attn_scalar": 256.0}, sliding_global_every=6,
+              gguf_layer_names=_GEMMA_GGUF_NAMES),
 )
+_ALIASES = {"gemma3_text": "gemma3"}  # config.json model_type -> family
 
 _BY_NAME = {s.name: s for s in _SPECS}
 _BY_HF = {a: s for s in _SPECS for a in s.hf_architectures}
@@ -70,8 +96,8 @@ def spec_for_gguf(architecture: str) -> ModelSpec:
 
 
 def spec_for(name: str) -> ModelSpec:
-    """The spec of a loaded config's `architecture` (vlite's family name)."""
-    spec = _BY_NAME.get(name)
+    """The spec of a loaded config's `architecture` (vlite's family name, or a model_type alias of it)."""
+    spec = _BY_NAME.get(_ALIASES.get(name, name))
     if spec is None:
         raise ValueError(f"unknown model family {name!r}; vlite has: {', '.join(_BY_NAME)}")
     return spec

@@ -66,6 +66,7 @@ class ModelRunner:
         self.eos_token_ids = list(eos_token_ids)
         self.quantization = quantization
         self.model = build_model(arch, weights, quantization, dtype).eval()  # the class the registry names
+        self.attention_windows = arch.attention_windows  # one attention-metadata view per window, each step
         load_kernels()
         shape = get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(arch.num_hidden_layers)]
@@ -162,7 +163,7 @@ class ModelRunner:
         block_table = batch.block_table[rows]
         attn_metadata = build_metadata(torch.from_numpy(query_start_loc), torch.from_numpy(seq_lens),
                                        torch.from_numpy(block_table), torch.from_numpy(slot_mapping),
-                                       self.block_size)
+                                       self.block_size, self.attention_windows)
         return {
             "input_ids": torch.from_numpy(input_ids),
             "positions": torch.from_numpy(positions),

@@ -1,0 +1,120 @@
+"""Gemma 3 (text): five sliding-window layers to one global, the sliding ones with their own rope base
+and the global ones with linear rope scaling, per-head q/k RMSNorm, (1 + weight) norms before and
+after attention and MLP, GELU-tanh, embeddings scaled by sqrt(hidden), head_dim wider than
+hidden / heads, tied head; from a Hugging Face folder and from a GGUF file laid out as llama.cpp's
+converter writes one; float32 greedy output token-identical to transformers on prompts longer than
+the window, chunked prefill mixed with decodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.models import tiny
+from vlite.model_loader import load_model_weights, resolve_model
+
+WINDOW = 24  # the prompts run to 290 tokens, prefilled in chunks of 32
+
+
+@pytest.fixture(scope="module")
+def hf_model() -> Any:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    # 6 layers: llama.cpp's fixed 5:1 pattern (layer 5 global), which a GGUF file does not spell out.
+    # query_pre_attn_scalar = head_dim: what llama.cpp assumes for every Gemma 3 but the 27B.
+    return tiny.build(Gemma3TextConfig, Gemma3ForCausalLM, seed=7, num_hidden_layers=6, head_dim=32,
+                      query_pre_attn_scalar=32, sliding_window=WINDOW, hidden_activation="gelu_pytorch_tanh",
+                      rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+
+
+@pytest.fixture(scope="module")
+def refs(hf_model: Any, prompt_ids: list[list[int]]) -> list[Any]:
+    return tiny.references(hf_model, prompt_ids)
+
+
+@pytest.fixture(scope="module")
+def folder(hf_model: Any, tokenizer: Any, model_dir: Path) -> Path:
+    return tiny.save_hf(hf_model, tokenizer, model_dir / "hf")
+
+
+def test_config_from_hf_folder(folder: Path) -> None:
+    cfg, weights = load_model_weights(resolve_model(str(folder)), torch.float32)
+    assert cfg.architecture == "gemma3" and cfg.qk_norm and cfg.head_dim == 32 and cfg.tie_word_embeddings
+    assert cfg.layer_windows == (WINDOW,) * 5 + (0,) and cfg.kv_sliding_window is None
+    assert (cfg.rope_theta, cfg.rope_scaling, cfg.rope_local_theta) == (1e6, {"rope_type": "linear", "factor": 2.0},
+                                                                        1e4)
+    assert cfg.norm_unit_offset and cfg.sandwich_norms and cfg.scale_embeddings
+    assert cfg.hidden_act == "gelu_pytorch_tanh"
+    assert weights["model.layers.5.post_feedforward_layernorm.weight"].shape == (64,)
+
+
+def test_hf_folder_matches_transformers(folder: Path, prompt_ids: list[list[int]], refs: list[Any]) -> None:
+    llm, completions = tiny.run_vlite(folder, prompt_ids)
+    assert tiny.model_class_name(llm) == "Gemma3ForCausalLM"
+    # the global layer reads every block: the cache frees none behind the window
+    assert llm.llm_engine.engine_core.kv_cache_manager.sliding_window is None
+    print(tiny.assert_parity(completions, refs))
+
+
+def test_gguf_matches_transformers(hf_model: Any, tokenizer: Any, model_dir: Path, prompt_ids: list[list[int]],
+                                   refs: list[Any]) -> None:
+    path = tiny.write_gguf(hf_model, tokenizer, model_dir / "gemma3-f16.gguf", "gemma3", f16=True)
+    cfg, weights = load_model_weights(resolve_model(str(path)), torch.float32)
+    assert cfg.layer_windows == (WINDOW,) * 5 + (0,) and cfg.query_pre_attn_scalar == 32
+    assert (cfg.rope_local_theta, cfg.rope_scaling) == (1e4, {"rope_type": "linear", "factor": 2.0})
+    # the norms come back to the checkpoint's meaning (llama.cpp stored them with the 1 added)
+    state = hf_model.state_dict()
+    for name in ("model.layers.0.pre_feedforward_layernorm.weight", "model.layers.2.self_attn.k_norm.weight",
+                 "model.norm.weight"):
+        torch.testing.assert_close(weights[name], state[name], rtol=0, atol=1e-7)
+    llm, completions = tiny.run_vlite(path, prompt_ids)
+    assert tiny.model_class_name(llm) == "Gemma3ForCausalLM"
+    print(tiny.assert_parity(completions, refs))
+
+
+def _gguf_header(path: Path, n_layers: int, sliding_window: int | None, pattern: Any = None) -> Path:
+    """A Gemma 3 GGUF header (no tensors): what the config is read from."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_vocab_size(32)
+    w.add_embedding_length(5376)
+    w.add_feed_forward_length(64)
+    w.add_block_count(n_layers)
+    w.add_head_count(32)
+    w.add_head_count_kv(16)
+    w.add_key_length(128)
+    if sliding_window is not None:
+        w.add_sliding_window(sliding_window)
+    if pattern is not None:
+        w.add_sliding_window_pattern(pattern)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_layer_pattern_and_query_scale(tmp_path: Path) -> None:
+    """llama.cpp's facts for Gemma 3 files: five sliding layers to one global unless the file lists
+    them, local rope base 10000, queries scaled by head_dim ** -0.5 but by (hidden / heads) ** -0.5
+    for the 27B (62 layers); no window key, no sliding layers."""
+    import gguf
+
+    from vlite.model_loader.arch_config import ModelArchConfig
+
+    def config(path: Path) -> ModelArchConfig:
+        return ModelArchConfig.from_gguf_metadata(gguf.GGUFReader(str(path)))
+
+    default = config(_gguf_header(tmp_path / "a.gguf", 7, 512))
+    assert default.layer_windows == (512,) * 5 + (0, 512) and default.query_pre_attn_scalar == 128
+    assert default.rope_local_theta == 1e4 and default.head_dim == 128
+    listed = config(_gguf_header(tmp_path / "b.gguf", 3, 64, [True, False, False]))
+    assert listed.layer_windows == (64, 0, 0)
+    assert config(_gguf_header(tmp_path / "c.gguf", 2, None)).layer_windows == ()
+    big = config(_gguf_header(tmp_path / "d.gguf", 62, 1024))
+    assert big.query_pre_attn_scalar == 5376 / 32 and big.layer_windows[5] == 0 and big.layer_windows[6] == 1024
