@@ -10,10 +10,12 @@ Decoding a few requests at a time is bound by reading the weights from memory, s
 Rounding is to nearest (RTN); the accuracy against float32 is measured in tests and
 docs/benchmarks.md. The LM head is kept at 8 bits at most: it is the most sensitive matrix.
 
-Steps of more than `dense_above` tokens (long prefills) are compute bound, where a dense float GEMM
-(oneDNN/MKL through torch) beats the integer kernels: the layer then multiplies by a dense copy,
-kept (`keep_dense`) or dequantized for that step. Without the C++ kernels the layer keeps only the
-dense weight, so a model always loads.
+Every step runs on the integer kernels, prefills included: with the row-tiled kernels, int8 dot
+products beat torch's dense bf16 and float32 GEMMs (oneDNN/MKL) at every batch size measured (1 to
+512 rows, docs/benchmarks.md "kernel crossover"), and no dense copy is kept. A plan may still set
+`dense_above` (steps of more tokens multiply by a dense copy, kept with `keep_dense` or dequantized
+for that step), e.g. for CPUs whose matrix units make dense GEMMs faster. Without the C++ kernels
+the layer keeps only the dense weight, so a model always loads.
 """
 
 from __future__ import annotations
@@ -32,10 +34,6 @@ from vlite.layers.packed import QK, PackedTensors, TiledTensors
 
 logger = logging.getLogger(__name__)
 
-# Steps of at most this many tokens use the integer kernels, larger ones a dense GEMM (measured on a
-# 2-core Zen 4, docs/benchmarks.md "kernel crossover"): bf16 GEMMs (AVX512-BF16) overtake the
-# kernels past ~8 rows; float32 ones, which also pay for dequantizing the weight each step, past ~32.
-DENSE_ABOVE_TOKENS = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 32}
 
 
 def quantize_int8(weight: torch.Tensor) -> PackedTensors:
@@ -144,16 +142,18 @@ class QuantizationPlan:
     """
 
     method: Optional[str]
-    dense_above: Optional[int] = DENSE_ABOVE_TOKENS[torch.float32]
+    dense_above: Optional[int] = None  # steps of more tokens: dense GEMM (None: never)
     keep_dense: bool = False  # keep a dense copy for large steps (memory) instead of dequantizing per step
 
     def describe(self) -> str:
         if self.method is None:
             return "dense"
         what = "the GGUF file's own quantized blocks" if self.method == "gguf" else f"{self.method} blocks of 32"
-        large = "dense copy" if self.keep_dense else "dequantized per step"
         kernels = _custom_ops.load()
         isa = kernels.isa() if kernels is not None else "none: dense torch fallback"
+        if self.dense_above is None:
+            return f"{what} (kernels: {isa}, every step)"
+        large = "dense copy" if self.keep_dense else "dequantized per step"
         return f"{what} (kernels: {isa}); steps of > {self.dense_above} tokens: dense GEMM ({large})"
 
 
@@ -162,20 +162,16 @@ def plan_quantization(requested: Optional[str], source_quantization: Optional[st
     """`requested`: None (auto), "none", "int8" or "int4".
 
     Auto runs a quantized GGUF file on its own blocks unless float32 was asked for explicitly (the
-    reference precision: dense weights, token-identical to transformers). Half-precision runs keep a
-    dense copy for long prefills (fast bf16 GEMMs, small); float32 ones dequantize per step instead
-    (a float32 copy of every weight would double the memory).
+    reference precision: dense weights, token-identical to transformers).
     """
-    keep_dense = dtype != torch.float32
-    dense_above = DENSE_ABOVE_TOKENS.get(dtype, DENSE_ABOVE_TOKENS[torch.float32])
     if requested == "none":
         return QuantizationPlan(None)
     if requested is not None:
         if requested not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, 'none' or None, got {requested!r}")
-        return QuantizationPlan(requested, dense_above, keep_dense)
+        return QuantizationPlan(requested)
     if source_quantization is not None and (dtype != torch.float32 or dtype_was_auto):
-        return QuantizationPlan("gguf", dense_above, keep_dense)
+        return QuantizationPlan("gguf")
     return QuantizationPlan(None)
 
 
