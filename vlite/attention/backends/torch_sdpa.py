@@ -31,6 +31,7 @@ grouped-query einsum kernel with bf16 scores and a float32 softmax.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional, Sequence
 
 import torch
@@ -54,11 +55,42 @@ def load_kernels() -> None:
 class _DecodeGroup:
     token_idx: torch.Tensor  # [N] rows of the step's flat token dimension
     num_reqs: int
-    block_idx: torch.Tensor  # [N * blocks] cache blocks to gather, row by row (L = blocks * block_size)
-    mask: torch.Tensor  # [N, 1, 1, L] True = attend (a request's own keys, within its window)
-    key_range: tuple[int, int]  # N == 1: the gathered keys it attends to, [lo, hi) (no mask needed)
     block_table: torch.Tensor  # [N, max_blocks] int64, for the C++ kernel
     seq_lens: torch.Tensor  # [N] int64
+    block_size: int
+    window: int
+
+    # The torch path's gather plan, built on first use: the C++ kernel reads the block table itself,
+    # and building the plan costs ~0.1 ms per step.
+    @cached_property
+    def _gather(self) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        s_lens, bs = self.seq_lens, self.block_size
+        first_key = _first_keys(s_lens - 1, self.window)
+        first_block, last_block = first_key // bs, (s_lens - 1) // bs
+        num_blocks = int((last_block - first_block).max()) + 1
+        # Each row gathers its own blocks from its window's first one; rows needing fewer repeat their
+        # last block (masked), so no row reads a block it does not hold.
+        logical = torch.minimum(first_block[:, None] + torch.arange(num_blocks)[None, :], last_block[:, None])
+        block_idx = self.block_table.gather(1, logical).reshape(-1)
+        key_pos = first_block[:, None] * bs + torch.arange(num_blocks * bs)[None, :]
+        mask = ((key_pos < s_lens[:, None]) & (key_pos >= first_key[:, None]))[:, None, None, :]
+        offset = int(first_block[0]) * bs
+        return block_idx, mask, (int(first_key[0]) - offset, int(s_lens[0]) - offset)
+
+    @property
+    def block_idx(self) -> torch.Tensor:
+        """[N * blocks] cache blocks to gather, row by row (L = blocks * block_size)."""
+        return self._gather[0]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[N, 1, 1, L] True = attend (a request's own keys, within its window)."""
+        return self._gather[1]
+
+    @property
+    def key_range(self) -> tuple[int, int]:
+        """N == 1: the gathered keys it attends to, [lo, hi) (no mask needed)."""
+        return self._gather[2]
 
 
 @dataclass
@@ -92,20 +124,8 @@ def _first_keys(query_pos: torch.Tensor, window: int) -> torch.Tensor:
 
 def _build_decode_group(rows: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                         block_table: torch.Tensor, block_size: int, window: int) -> _DecodeGroup:
-    s_lens = seq_lens[rows].long()
-    first_key = _first_keys(s_lens - 1, window)
-    first_block, last_block = first_key // block_size, (s_lens - 1) // block_size
-    num_blocks = int((last_block - first_block).max()) + 1
-    # Each row gathers its own blocks from its window's first one; rows needing fewer repeat their last
-    # block (masked), so no row reads a block it does not hold.
-    logical = torch.minimum(first_block[:, None] + torch.arange(num_blocks)[None, :], last_block[:, None])
-    block_idx = block_table[rows].long().gather(1, logical).reshape(-1)
-    key_pos = first_block[:, None] * block_size + torch.arange(num_blocks * block_size)[None, :]
-    mask = ((key_pos < s_lens[:, None]) & (key_pos >= first_key[:, None]))[:, None, None, :]
-    offset = int(first_block[0]) * block_size
-    key_range = (int(first_key[0]) - offset, int(s_lens[0]) - offset)
-    return _DecodeGroup(query_start_loc[rows], int(rows.numel()), block_idx, mask, key_range,
-                        block_table[rows].long(), s_lens)
+    return _DecodeGroup(query_start_loc[rows], int(rows.numel()), block_table[rows].long(), seq_lens[rows].long(),
+                        block_size, window)
 
 
 def _build_prefill_chunks(rows: torch.Tensor, query_start_loc: torch.Tensor, query_lens: torch.Tensor,
