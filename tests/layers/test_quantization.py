@@ -257,3 +257,19 @@ def test_fused_weights_of_mixed_gguf_types_run_dense():
     assert torch.equal(fused, torch.cat([a.dequantize(), b.dequantize()]))
     same = _fuse([a, random_packed("q4", 4, 64, seed=3)])
     assert isinstance(same, PackedTensors) and same.shape == (12, 64)
+
+
+@pytest.mark.parametrize("fmt,sub", [("q4", 32), ("q8", 32), ("q8", 16)])
+def test_precise_can_be_chosen_per_call(ops, fmt, sub):
+    """`precise` overrides the dtype's default: the residual row for bf16, a single int8 row for float32."""
+    p = random_packed(fmt, 40, 96, sub, torch.float16, fmt == "q4")
+    t = p.tiled()
+    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    w = p.dequantize()
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(9))
+    for dtype, precise in ((torch.float32, False), (torch.bfloat16, True)):
+        xd = x.to(dtype)
+        y = ops.quant_linear(xd, *args, None, precise).float()
+        ref = quantized_activations_reference(xd, precise=precise) @ w.t()
+        tol = ref.abs().max().item() * (1e-5 if dtype == torch.float32 else 8e-3)
+        assert (y - ref).abs().max().item() <= tol

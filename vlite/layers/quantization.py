@@ -64,12 +64,14 @@ class QuantizedLinear(nn.Module):
     their row-tiled layout (the row-major PackedTensors is not kept)."""
 
     def __init__(self, packed: PackedTensors, dtype: torch.dtype, dense_above: Optional[int] = None,
-                 keep_dense: bool = False) -> None:
+                 keep_dense: bool = False, precise: Optional[bool] = None) -> None:
         super().__init__()
         self.out_features, self.in_features = packed.shape
         self.fmt, self.sub = packed.bits, packed.sub
         self.dtype = dtype
         self.dense_above = dense_above
+        # int8 activations plus an int8 residual row (~16-bit products); None: for float32 activations
+        self.precise = precise
         self.ops = _custom_ops.load()
         self.dense: Optional[torch.Tensor] = None
         if self.ops is None:  # the torch path: only the dense weight
@@ -99,8 +101,8 @@ class QuantizedLinear(nn.Module):
         if self.ops is not None and x.dim() == 2 and (self.dense_above is None or x.shape[0] <= self.dense_above):
             # the decode fast path
             if residual is not None and (residual.dtype != x.dtype or not residual.is_contiguous()):
-                return self.ops.quant_linear(x, *self._args) + residual
-            return self.ops.quant_linear(x, *self._args, residual)
+                return self.ops.quant_linear(x, *self._args, None, self.precise) + residual
+            return self.ops.quant_linear(x, *self._args, residual, self.precise)
         if self.ops is None:
             out = F.linear(x, self.dense)
         else:
@@ -110,7 +112,8 @@ class QuantizedLinear(nn.Module):
                     x.dtype, out=_scratch(self.out_features, self.in_features, x.dtype))
                 out = F.linear(x, w)
             else:
-                out = self.ops.quant_linear(x2d, *self._args).view(*x.shape[:-1], self.out_features)
+                out = self.ops.quant_linear(x2d, *self._args, None, self.precise).view(*x.shape[:-1],
+                                                                                       self.out_features)
         return out if residual is None else out + residual
 
 

@@ -42,7 +42,7 @@ class LlamaForCausalLM(CausalLM):
             linears = [attn.qkv_weight, attn.o_weight, mlp.gate_up_weight, mlp.down_weight]
             if not all(isinstance(w, QuantizedLinear) and w.ops is not None for w in linears) or mlp.ops is None:
                 return None
-            packed = [ops.PackedLinear(*w._args) for w in linears]
+            packed = [ops.PackedLinear(*w._args, w.precise) for w in linears]
             out.append((layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                         layer.input_layernorm.eps, packed, attn.qkv_bias, attn.num_heads, attn.num_kv_heads,
                         attn.head_dim))

@@ -24,10 +24,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tile_rows", []() { return vlite::kTile; }, "output rows per tile of the packed weight layout");
   m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qt"), pybind11::arg("scales"),
         pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("n"),
-        pybind11::arg("residual") = pybind11::none());
+        pybind11::arg("residual") = pybind11::none(), pybind11::arg("precise") = pybind11::none());
   m.def("write_kv_cache", &vlite::write_kv_cache);
   pybind11::class_<vlite::PackedLinear>(m, "PackedLinear", pybind11::module_local())  // one per ISA module
-      .def(pybind11::init<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t>());
+      .def(pybind11::init<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,
+                          c10::optional<bool>>());
   m.def("llama_decode_layer", &vlite::llama_decode_layer);
   m.def("rms_norm", &vlite::rms_norm);
   m.def("silu_and_mul", &vlite::silu_and_mul);

@@ -10,11 +10,12 @@ struct PackedLinear {
   torch::Tensor qt, scales;
   c10::optional<torch::Tensor> mins;
   int64_t fmt, sub, n;
+  c10::optional<bool> precise;  // None: float32 activations get the residual row
 };
 
 static torch::Tensor run_linear(const torch::Tensor& x, const PackedLinear& w,
                                 c10::optional<torch::Tensor> residual = c10::nullopt) {
-  return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n, residual);
+  return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n, residual, w.precise);
 }
 
 // hidden [T, hidden] (every token a decode); weights: per projection (row-tiled qt, scales, mins or

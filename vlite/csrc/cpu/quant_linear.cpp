@@ -519,10 +519,12 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool precise) {
 }
 
 // y [M, N] (x's dtype) = x [M, K] @ dequant(W).T (+ residual [M, N]) for a row-tiled packed weight
-// (fmt 4: q4, 8: q8) of N rows; float32 activations get a residual row each (~16-bit products), bf16
-// ones a single int8 row. `residual`: a skip connection added in float32 as the outputs are written.
+// (fmt 4: q4, 8: q8) of N rows. `precise` (default: x is float32): each activation row also gets an
+// int8 residual row (~16-bit products), else a single int8 row. `residual`: a skip connection added
+// in float32 as the outputs are written.
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qt, torch::Tensor st, c10::optional<torch::Tensor> mt,
-                           int64_t fmt, int64_t sub, int64_t N, c10::optional<torch::Tensor> residual = c10::nullopt) {
+                           int64_t fmt, int64_t sub, int64_t N, c10::optional<torch::Tensor> residual = c10::nullopt,
+                           c10::optional<bool> precise_opt = c10::nullopt) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D");
   const int64_t M = x.size(0), K = x.size(1);
   check_tiled(qt, st, mt, fmt, sub, N, K);
@@ -532,7 +534,7 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qt, torch::Tensor st, 
                 residual->size(0) == M && residual->size(1) == N, "quant_linear: residual must be a contiguous [M, N] "
                 "tensor of x's dtype");
   if (M == 0) return out;
-  const bool precise = x.scalar_type() == at::kFloat;
+  const bool precise = precise_opt.value_or(x.scalar_type() == at::kFloat);
   // The int8 activations live in a per-thread scratch: four small tensor allocations per call cost
   // more than quantizing a decode token (121 calls per decode step of the default model).
   thread_local std::vector<int8_t> q_buf;
