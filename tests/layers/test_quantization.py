@@ -273,3 +273,17 @@ def test_precise_can_be_chosen_per_call(ops, fmt, sub):
         ref = quantized_activations_reference(xd, precise=precise) @ w.t()
         tol = ref.abs().max().item() * (1e-5 if dtype == torch.float32 else 8e-3)
         assert (y - ref).abs().max().item() <= tol
+
+
+def test_float32_residual_row_only_in_small_steps(ops):
+    """By default float32 activations get the residual row in steps of up to precise_max_rows rows
+    (decodes), a single int8 row in longer ones (prefill chunks)."""
+    p = random_packed("q4", 32, 64)
+    t = p.tiled()
+    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    w = p.dequantize()
+    limit = ops.precise_max_rows()
+    for m, precise in ((limit, True), (limit + 1, False)):
+        x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m))
+        ref = quantized_activations_reference(x, precise=precise) @ w.t()
+        assert (ops.quant_linear(x, *args) - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
