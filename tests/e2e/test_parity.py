@@ -46,7 +46,7 @@ def test_greedy_matches_transformers(prompts, references, block_size, max_num_se
     # The default on a CPU with bf16: the GGUF's own Q4_1/Q8_0 blocks, AVX-512 kernels.
     ("bfloat16", None, None, 256, 0.97),
     # The default on an AVX2 CPU (no bf16): float32 activations over the same blocks, AVX2 kernels:
-    # int8 blocks plus an int8 residual (~16-bit products) in steps of up to 64 rows and for the LM
+    # int8 blocks plus an int8 residual (~16-bit products) in steps of up to 8 rows and for the LM
     # head, single int8 rows in longer steps (these 256-token prefill chunks): measured 98.4%.
     ("auto", None, "avx2", 256, 0.97),
     ("bfloat16", "int8", None, 256, 0.96),

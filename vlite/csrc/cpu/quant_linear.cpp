@@ -29,12 +29,12 @@ namespace {
 constexpr int64_t QK = 32;
 constexpr int64_t kTile = 16;  // output rows per tile
 constexpr int kRows = 4;       // activation rows per weight-block unpack
-// Float32 activations get the residual row in steps of at most this many rows (decode batches, bound
-// by reading the weights: the extra products are nearly free); longer steps (prefill chunks) are
-// bound by the integer arithmetic, which the residual doubles: there a single int8 row measured
-// 98.6% top-1 agreement with float32 against 100% (AVX2 path, docs/benchmarks.md), at 0.6x the
-// time to first token.
-constexpr int64_t kPreciseMaxRows = 64;
+// Float32 activations get the residual row in steps of at most this many rows (a few decodes, bound
+// by reading the weights: the extra products are nearly free); longer steps (prefill chunks, large
+// decode batches) are bound by the integer arithmetic, which the residual doubles: there a single
+// int8 row measured 98.4% top-1 agreement with float32 against 100% (AVX2 path), for 0.6x the time
+// to first token and 1.17x the wl32 throughput (docs/benchmarks.md).
+constexpr int64_t kPreciseMaxRows = 8;
 
 // ---- activations: x [M, K] -> int8 blocks of 32 with scale d = max|x| / 127 ----
 // With a residual row (float32 activations: `precise`), x ~= d * (q + q_res / 256): the rounding
