@@ -2,7 +2,8 @@
 
     qkv = x @ [Wq; Wk; Wv].T (+ bias: Qwen2, Llama with attention_bias)
     q, k = RMSNorm per head (Qwen3, Gemma 3: own weights for q and k, before rotary)
-    q, k = rotary(q, k)                (Gemma 3: sliding layers get the tables of their own base)
+    q, k = rotary(q, k)                (Gemma 3: sliding layers get the tables of their own base;
+                                        Phi-4-mini: the leading partial_rotary_factor of each head only)
     o    = paged_attention(q, k, v) @ Wo.T (+ bias: Llama with attention_bias, Qwen3 with attention_bias)
 
 paged_attention scales the scores by head_dim ** -0.5, or query_pre_attn_scalar ** -0.5 (Gemma),
@@ -47,7 +48,10 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = rms_norm(w[f"{prefix}.q_norm.weight"], cfg, dtype, ops)
             self.k_norm = rms_norm(w[f"{prefix}.k_norm.weight"], cfg, dtype, ops)
-        self.ops = ops if self.head_dim <= 512 else None
+        # Partial rotary (Phi-4-mini) rotates the leading rotary_dim dims of each head, in torch: the C++
+        # in-place rotation takes whole heads.
+        self.rotary_dim = cfg.rotary_dim
+        self.ops = ops if self.head_dim <= 512 and self.rotary_dim == self.head_dim else None
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -64,7 +68,12 @@ class Attention(nn.Module):
             q, k = qkv[:, :h], qkv[:, h:h + hkv]
         else:
             qkv = qkv.view(-1, h + 2 * hkv, self.head_dim)
-            qk = RotaryEmbedding.apply(qkv[:, :h + hkv], *rope)  # q and k in one go
+            qk = qkv[:, :h + hkv]
+            if self.rotary_dim == self.head_dim:
+                qk = RotaryEmbedding.apply(qk, *rope)  # q and k in one go
+            else:
+                r = self.rotary_dim
+                qk = torch.cat((RotaryEmbedding.apply(qk[..., :r], *rope), qk[..., r:]), dim=-1)
             q, k = qk[:, :h], qk[:, h:]
         v = qkv[:, h + hkv:]
         o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale, self.window, self.softcap)

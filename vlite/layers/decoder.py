@@ -91,9 +91,9 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.dtype = dtype
         self._plan = plan
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         # Gemma 3's sliding layers rotate with their own base (unscaled); the others with `rotary`
-        self.local_rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None)
+        self.local_rotary = (RotaryEmbedding(cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None)
                              if cfg.rope_local_theta is not None and any(cfg.layer_windows) else None)
         self._local_rope_layers = [self.local_rotary is not None and cfg.layer_window(i) > 0
                                    for i in range(cfg.num_hidden_layers)]

@@ -60,6 +60,10 @@ class ModelArchConfig:
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma); None: head_dim
     attn_logit_softcapping: float | None = None  # attention scores = cap * tanh(scores / cap) (Gemma 2)
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2, some Gemma 3)
+    # Share of each head's dims that rotary rotates (the leading ones; Phi-4-mini: 0.75); the rest pass as is.
+    partial_rotary_factor: float = 1.0
+    # The checkpoint stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (Phi-3).
+    fused_checkpoint: bool = False
     # GGUF type of the linear layers' weights in the source file ("Q4_1", ...; "mixed"), None for
     # dense sources. The engine may keep such weights packed (vlite.layers.quantization).
     source_quantization: str | None = None
@@ -81,6 +85,11 @@ class ModelArchConfig:
     @property
     def spec(self) -> ModelSpec:
         return spec_for(self.architecture)
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each head rotary rotates (transformers rounds down, as here)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def layer_window(self, layer: int) -> int:
         """The sliding window of `layer` (0: it attends to every key before the query)."""
@@ -117,6 +126,11 @@ class ModelArchConfig:
         n_kv = int(config.get("num_key_value_heads") or n_heads)
         head_dim = config.get("head_dim") or hidden // n_heads
         rope_theta, rope_scaling, rope_local_theta = _hf_rope(config)
+        rope_type = (rope_scaling or {}).get("rope_type", "default")
+        if rope_type not in _ROPE_TYPES:  # refused with the config, not later when the model is built
+            hint = " (Phi-3/Phi-4 long-context checkpoints)" if rope_type == "longrope" else ""
+            raise ValueError(f"rope scaling {rope_type!r}{hint} is not supported yet; vlite supports: "
+                             f"{', '.join(_ROPE_TYPES)}")
 
         eos: list[int] = []
         _extend_ids(eos, config.get("eos_token_id"))
@@ -129,7 +143,10 @@ class ModelArchConfig:
         bias = bool(config.get("attention_bias", False))  # Llama/Qwen3: q, k, v and o alike
         optional = {"rope_local_theta": rope_local_theta,
                     **{k: _float_or_none(config.get(k)) for k in (
-                        "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")}}
+                        "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")},
+                    # transformers 5 writes it into rope_parameters, 4 at the top level
+                    "partial_rotary_factor": _float_or_none(config.get("partial_rotary_factor") or (
+                        config.get("rope_parameters") or {}).get("partial_rotary_factor"))}
         features = {**spec.defaults, **{k: v for k, v in optional.items() if v is not None},
                     "attention_bias": bias, "attention_out_bias": bias,
                     "mlp_bias": bool(config.get("mlp_bias", False)),
@@ -262,13 +279,14 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
         names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
         if config.sandwich_norms:
             names |= {p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"}
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        attn_projs = ("qkv_proj", "o_proj") if config.fused_checkpoint else ("q_proj", "k_proj", "v_proj", "o_proj")
+        for proj in attn_projs:
             names.add(f"{p}self_attn.{proj}.weight")
             if config.attention_out_bias if proj == "o_proj" else config.attention_bias:
                 names.add(f"{p}self_attn.{proj}.bias")
         if config.qk_norm:
             names |= {f"{p}self_attn.q_norm.weight", f"{p}self_attn.k_norm.weight"}
-        for proj in ("gate_proj", "up_proj", "down_proj"):
+        for proj in ("gate_up_proj", "down_proj") if config.fused_checkpoint else ("gate_proj", "up_proj", "down_proj"):
             names.add(f"{p}mlp.{proj}.weight")
             if config.mlp_bias:
                 names.add(f"{p}mlp.{proj}.bias")
@@ -290,6 +308,7 @@ def _hf_spec(config: dict[str, Any]) -> ModelSpec:
 
 
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+_ROPE_TYPES = ("default", "linear", "llama3")  # what vlite.layers.rotary_embedding computes
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -380,6 +399,7 @@ def _hf_rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None, floa
             scaling["rope_type"] = scaling["type"]
         scaling.pop("type", None)
         scaling.pop("rope_theta", None)
+        scaling.pop("partial_rotary_factor", None)  # not a scaling: ModelArchConfig.partial_rotary_factor
         if scaling.get("rope_type", "default") == "default":
             scaling = None
     return float(theta), scaling or None, _float_or_none(local_theta)

@@ -59,6 +59,9 @@ _SPECS = (
               features={"attention_bias": True, "attention_out_bias": False, "mlp_bias": False}),
     ModelSpec("qwen3", ("Qwen3ForCausalLM",), "vlite.models.qwen3:Qwen3ForCausalLM",
               features={"qk_norm": True, "mlp_bias": False}),
+    # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj in the checkpoint; Phi-3-mini-4k slides every layer.
+    ModelSpec("phi3", ("Phi3ForCausalLM",), "vlite.models.phi3:Phi3ForCausalLM", gguf=False,
+              features={"fused_checkpoint": True}, sliding_global_every=0),
     ModelSpec("gemma2", ("Gemma2ForCausalLM",), "vlite.models.gemma2:Gemma2ForCausalLM", gguf=False,
               features=_GEMMA, defaults={"query_pre_attn_scalar": 256.0}, sliding_global_every=2),
     # Gemma 3 text-only checkpoints (model_type gemma3_text); GGUF files of any Gemma 3 hold the text

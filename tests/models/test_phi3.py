@@ -1,0 +1,62 @@
+"""Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj tensors in the checkpoint, rotary over 3/4 of
+each head (Phi-4-mini's partial_rotary_factor), a sliding window on every layer (Phi-3-mini-4k);
+float32 greedy output token-identical to transformers. Long-context "longrope" configs are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.models import tiny
+from vlite.model_loader import ModelArchConfig, load_model_weights, resolve_model
+
+WINDOW = 100  # shorter than the longest prompts: the window changes their outputs
+
+
+@pytest.fixture(scope="module")
+def hf_model() -> Any:
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    # head_dim 16: rotary turns the leading 12 dims of each head, the last 4 pass unrotated.
+    return tiny.build(Phi3Config, Phi3ForCausalLM, seed=5, tie_word_embeddings=False, sliding_window=WINDOW,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75},
+                      pad_token_id=tiny.ALT_EOS_ID)
+
+
+@pytest.fixture(scope="module")
+def refs(hf_model: Any, prompt_ids: list[list[int]]) -> list[Any]:
+    return tiny.references(hf_model, prompt_ids)
+
+
+@pytest.fixture(scope="module")
+def folder(hf_model: Any, tokenizer: Any, model_dir: Path) -> Path:
+    return tiny.save_hf(hf_model, tokenizer, model_dir / "hf")
+
+
+def test_config_from_hf_folder(folder: Path) -> None:
+    cfg, weights = load_model_weights(resolve_model(str(folder)), torch.float32)
+    assert cfg.architecture == "phi3" and cfg.fused_checkpoint
+    assert cfg.partial_rotary_factor == 0.75 and cfg.rotary_dim == 12 and cfg.rope_scaling is None
+    assert cfg.layer_windows == (WINDOW, WINDOW)
+    assert weights["model.layers.0.self_attn.qkv_proj.weight"].shape == (16 * (4 + 2 * 2), 64)
+    assert weights["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * 128, 64)
+    assert "model.layers.0.self_attn.q_proj.weight" not in weights
+
+
+def test_hf_folder_matches_transformers(folder: Path, prompt_ids: list[list[int]], refs: list[Any]) -> None:
+    llm, completions = tiny.run_vlite(folder, prompt_ids)
+    assert tiny.model_class_name(llm) == "Phi3ForCausalLM"
+    print(tiny.assert_parity(completions, refs))
+
+
+def test_longrope_refused(folder: Path) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config["rope_scaling"] = {"type": "longrope", "short_factor": [1.0] * 6, "long_factor": [2.0] * 6,
+                              "original_max_position_embeddings": 256}
+    with pytest.raises(ValueError, match="longrope"):
+        ModelArchConfig.from_hf_config(config)

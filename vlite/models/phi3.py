@@ -1,0 +1,42 @@
+"""Phi-3 and Phi-4-mini: a pre-norm Llama-style decoder whose checkpoints store q/k/v as one `qkv_proj`
+and gate/up as one `gate_up_proj`, with rotary over the leading `partial_rotary_factor` of each head
+(Phi-4-mini: 0.75) and Phi-3-mini-4k's sliding window on every layer.
+
+The fused tensors are split into the shared layers' q/k/v and gate/up names (views, no copy); the
+shared layers fuse them again into the same matmuls. Long-context checkpoints (rope scaling
+"longrope") are refused when their config is read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vlite.layers.decoder import CausalLM
+from vlite.layers.linear import Weights
+from vlite.layers.quantization import QuantizationPlan
+from vlite.model_loader import ModelArchConfig
+
+
+def split_fused(cfg: ModelArchConfig, weights: Weights) -> Weights:
+    """The weights with each layer's qkv_proj and gate_up_proj under the shared layers' per-projection
+    names (rows: q, k, v in that order; gate before up, as transformers' Phi3MLP chunks them)."""
+    out = dict(weights)
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}"
+        for kind in ("weight", "bias"):
+            qkv = out.pop(f"{p}.self_attn.qkv_proj.{kind}", None)
+            if qkv is not None:
+                for name, part in zip("qkv", torch.split(qkv, [q, kv, kv])):
+                    out[f"{p}.self_attn.{name}_proj.{kind}"] = part
+            gate_up = out.pop(f"{p}.mlp.gate_up_proj.{kind}", None)
+            if gate_up is not None:
+                gate, up = torch.split(gate_up, cfg.intermediate_size)
+                out[f"{p}.mlp.gate_proj.{kind}"], out[f"{p}.mlp.up_proj.{kind}"] = gate, up
+    return out
+
+
+class Phi3ForCausalLM(CausalLM):
+    def __init__(self, cfg: ModelArchConfig, weights: Weights,
+                 plan: QuantizationPlan = QuantizationPlan(None), dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(cfg, split_fused(cfg, weights), plan, dtype)
