@@ -8,6 +8,7 @@ import math
 from dataclasses import fields
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,3 +48,12 @@ def test_any_field_value_is_accepted_or_refused_by_name(kwargs):
     batch = InputBatch(max_num_reqs=2, max_model_len=32, max_blocks_per_req=4, vocab_size=VOCAB)
     row = batch.add_request("r", [1, 2, 3], 3, 0, [0], params, None)
     assert np.isfinite(batch.temperature[row]) and batch.top_k[row] >= 0
+    for name in ("top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        assert np.isfinite(getattr(batch, name)[row]), name
+
+
+def test_values_beyond_float32_are_refused_by_name():
+    """Found by hypothesis: 3.4028235677973366e+38 is a finite double but inf as the runner's float32."""
+    with pytest.raises(ValueError, match="temperature must be a finite number within float32 range"):
+        SamplingParams(temperature=3.4028235677973366e38)
+    assert SamplingParams(temperature=3.4028234663852886e38).temperature > 0  # float32's largest: accepted

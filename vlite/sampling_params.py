@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 _SAMPLING_EPS = 1e-5
+# The runner keeps sampling parameters in float32 arrays: larger finite doubles would become inf there.
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 class RequestOutputKind(enum.Enum):
@@ -103,7 +105,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
                      "min_p"):
             value = getattr(self, name)
-            check(_is_number(value) and math.isfinite(value), name, "a finite number")
+            check(_is_number(value) and math.isfinite(value) and abs(value) <= _FLOAT32_MAX, name,
+                  "a finite number within float32 range")
         for name in ("n", "top_k", "min_tokens"):
             check(_is_int(getattr(self, name)), name, "a 64-bit integer")
         check(self.n >= 1, "n", "at least 1")
