@@ -1,7 +1,8 @@
 """Self-attention of a decoder layer over the paged KV cache, with the options models differ in.
 
     qkv = x @ [Wq; Wk; Wv].T (+ bias: Qwen2, Llama with attention_bias)
-    q, k = RMSNorm per head (Qwen3, Gemma 3: own weights for q and k, before rotary)
+    q, k = RMSNorm per head (Qwen3, Gemma 3: own weights for q and k, before rotary), or over all
+           heads of q and all of k (OLMo 2)
     q, k = rotary(q, k)                (Gemma 3: sliding layers get the tables of their own base;
                                         Phi-4-mini: the leading partial_rotary_factor of each head only)
     o    = paged_attention(q, k, v) @ Wo.T (+ bias: Llama with attention_bias, Qwen3 with attention_bias)
@@ -48,6 +49,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = rms_norm(w[f"{prefix}.q_norm.weight"], cfg, dtype, ops)
             self.k_norm = rms_norm(w[f"{prefix}.k_norm.weight"], cfg, dtype, ops)
+        self.qk_norm_full = cfg.qk_norm_full  # OLMo 2: one norm over all of q, one over all of k
         # Partial rotary (Phi-4-mini) rotates the leading rotary_dim dims of each head, in torch: the C++
         # in-place rotation takes whole heads.
         self.rotary_dim = cfg.rotary_dim
@@ -58,7 +60,11 @@ class Attention(nn.Module):
         """The attention block's output, plus `residual` (the layer's skip connection) when given."""
         h, hkv = self.num_heads, self.num_kv_heads
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
-        if self.q_norm is not None:  # normalized in place: the rotation below then reads q and k as usual
+        if self.q_norm is not None and self.qk_norm_full:
+            q_end = self.q_size
+            qkv[:, :q_end] = self.q_norm(qkv[:, :q_end])
+            qkv[:, q_end:q_end + self.kv_size] = self.k_norm(qkv[:, q_end:q_end + self.kv_size])
+        elif self.q_norm is not None:  # normalized in place: the rotation below then reads q and k as usual
             heads = qkv.view(-1, h + 2 * hkv, self.head_dim)
             heads[:, :h] = self.q_norm(heads[:, :h])
             heads[:, h:h + hkv] = self.k_norm(heads[:, h:h + hkv])

@@ -80,6 +80,28 @@ class SandwichDecoderLayer(nn.Module):
         return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
 
 
+class PostNormDecoderLayer(nn.Module):
+    """Norms after the blocks only (OLMo 2): h += norm(attn(h)); h += norm(mlp(h)).
+
+    As in `SandwichDecoderLayer`, the outputs are normalized before the skip connection is added.
+    """
+
+    def __init__(self, cfg: ModelArchConfig, w: Weights, i: int, plan: QuantizationPlan, dtype: torch.dtype
+                 ) -> None:
+        super().__init__()
+        p = f"model.layers.{i}"
+        ops = fast_ops(plan)
+        self.self_attn = Attention(cfg, w, f"{p}.self_attn", plan, dtype, layer=i)
+        self.post_attention_layernorm = rms_norm(w[f"{p}.post_attention_layernorm.weight"], cfg, dtype, ops)
+        self.mlp = GatedMLP(cfg, w, f"{p}.mlp", plan, dtype)
+        self.post_feedforward_layernorm = rms_norm(w[f"{p}.post_feedforward_layernorm.weight"], cfg, dtype, ops)
+
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
+        hidden = hidden + self.post_attention_layernorm(self.self_attn(rope, hidden, kv_cache, attn_metadata))
+        return hidden + self.post_feedforward_layernorm(self.mlp(hidden))
+
+
 class CausalLM(nn.Module):
     """Embedding, `layer_class` decoder layers, final RMSNorm and LM head (tied to the embedding or not)."""
 

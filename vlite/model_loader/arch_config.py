@@ -49,9 +49,11 @@ class ModelArchConfig:
     attention_out_bias: bool = False  # bias on o_proj (Llama's attention_bias sets both; Qwen2 has q/k/v only)
     mlp_bias: bool = False  # bias on gate, up and down projections
     qk_norm: bool = False  # RMSNorm over each head of q and k before rotary (Qwen3, Gemma 3)
+    qk_norm_full: bool = False  # with qk_norm: the norms span all heads of q and of k at once (OLMo 2)
     hidden_act: str = "silu"  # the MLP's gate activation: "silu" or "gelu_pytorch_tanh" (Gemma)
     norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma; the checkpoint stores weight)
     sandwich_norms: bool = False  # norms after attention and after the MLP too: 4 a layer (Gemma 2/3)
+    post_norms: bool = False  # norms only after attention and after the MLP, none before (OLMo 2)
     scale_embeddings: bool = False  # embeddings times sqrt(hidden_size), in the model's dtype (Gemma)
     # Per layer, the keys a query sees: 0 = every one before it, w > 0 = its last w (sliding window).
     # Empty: every layer global.
@@ -276,7 +278,11 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
         names.add("lm_head.weight")
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        names.add(p + "post_attention_layernorm.weight")
+        if config.post_norms:
+            names.add(p + "post_feedforward_layernorm.weight")
+        else:
+            names.add(p + "input_layernorm.weight")
         if config.sandwich_norms:
             names |= {p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"}
         attn_projs = ("qkv_proj", "o_proj") if config.fused_checkpoint else ("q_proj", "k_proj", "v_proj", "o_proj")

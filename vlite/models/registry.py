@@ -62,6 +62,9 @@ _SPECS = (
     # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj in the checkpoint; Phi-3-mini-4k slides every layer.
     ModelSpec("phi3", ("Phi3ForCausalLM",), "vlite.models.phi3:Phi3ForCausalLM", gguf=False,
               features={"fused_checkpoint": True}, sliding_global_every=0),
+    # OLMo 2: norms after attention and MLP only; q/k norms over the whole projections.
+    ModelSpec("olmo2", ("Olmo2ForCausalLM",), "vlite.models.olmo2:Olmo2ForCausalLM", gguf=False,
+              features={"qk_norm": True, "qk_norm_full": True, "post_norms": True}),
     ModelSpec("gemma2", ("Gemma2ForCausalLM",), "vlite.models.gemma2:Gemma2ForCausalLM", gguf=False,
               features=_GEMMA, defaults={"query_pre_attn_scalar": 256.0}, sliding_global_every=2),
     # Gemma 3 text-only checkpoints (model_type gemma3_text); GGUF files of any Gemma 3 hold the text
