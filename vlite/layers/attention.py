@@ -4,7 +4,8 @@
     q, k = RMSNorm per head (Qwen3, Gemma 3: own weights for q and k, before rotary), or over all
            heads of q and all of k (OLMo 2)
     q, k = rotary(q, k)                (Gemma 3: sliding layers get the tables of their own base;
-                                        Phi-4-mini: the leading partial_rotary_factor of each head only)
+                                        Phi-4-mini: the leading partial_rotary_factor of each head only;
+                                        SmolLM3: none on its NoPE layers)
     o    = paged_attention(q, k, v) @ Wo.T (+ bias: Llama with attention_bias, Qwen3 with attention_bias)
 
 paged_attention scales the scores by head_dim ** -0.5, or query_pre_attn_scalar ** -0.5 (Gemma),
@@ -53,6 +54,7 @@ class Attention(nn.Module):
         # Partial rotary (Phi-4-mini) rotates the leading rotary_dim dims of each head, in torch: the C++
         # in-place rotation takes whole heads.
         self.rotary_dim = cfg.rotary_dim
+        self.use_rope = layer not in cfg.nope_layers  # SmolLM3's NoPE layers: q and k as projected
         self.ops = ops if self.head_dim <= 512 and self.rotary_dim == self.head_dim else None
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
@@ -68,7 +70,10 @@ class Attention(nn.Module):
             heads = qkv.view(-1, h + 2 * hkv, self.head_dim)
             heads[:, :h] = self.q_norm(heads[:, :h])
             heads[:, h:h + hkv] = self.k_norm(heads[:, h:h + hkv])
-        if self.ops is not None:  # q and k rotated in place, one call
+        if not self.use_rope:
+            qkv = qkv.view(-1, h + 2 * hkv, self.head_dim)
+            q, k = qkv[:, :h], qkv[:, h:h + hkv]
+        elif self.ops is not None:  # q and k rotated in place, one call
             self.ops.rotary_inplace(qkv, h + hkv, self.head_dim, *rope)
             qkv = qkv.view(-1, h + 2 * hkv, self.head_dim)
             q, k = qkv[:, :h], qkv[:, h:h + hkv]

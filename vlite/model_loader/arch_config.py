@@ -58,6 +58,7 @@ class ModelArchConfig:
     # Per layer, the keys a query sees: 0 = every one before it, w > 0 = its last w (sliding window).
     # Empty: every layer global.
     layer_windows: tuple[int, ...] = ()
+    nope_layers: tuple[int, ...] = ()  # layers that apply no rotary at all (SmolLM3's NoPE layers)
     rope_local_theta: float | None = None  # rope base of sliding layers, unscaled (Gemma 3); None: rope_theta
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma); None: head_dim
     attn_logit_softcapping: float | None = None  # attention scores = cap * tanh(scores / cap) (Gemma 2)
@@ -79,6 +80,7 @@ class ModelArchConfig:
         if self.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(_ACTIVATIONS)}")
         object.__setattr__(self, "layer_windows", tuple(int(w) for w in self.layer_windows))  # JSON gives a list
+        object.__setattr__(self, "nope_layers", tuple(int(i) for i in self.nope_layers))
         if self.layer_windows and (len(self.layer_windows) != self.num_hidden_layers
                                    or min(self.layer_windows) < 0):
             raise ValueError(f"layer_windows {self.layer_windows} must give each of the "
@@ -172,6 +174,7 @@ class ModelArchConfig:
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(eos),
             layer_windows=layer_windows,
+            nope_layers=_hf_nope_layers(config),
             **features,
         )
 
@@ -342,6 +345,21 @@ def _hf_layer_windows(config: dict[str, Any], spec: ModelSpec) -> tuple[int, ...
                     or spec.sliding_global_every)
         sliding = [every == 0 or (i + 1) % every != 0 for i in range(n_layers)]
     return tuple(int(window) if s else 0 for s in sliding)
+
+
+def _hf_nope_layers(config: dict[str, Any]) -> tuple[int, ...]:
+    """The layers without rotary (SmolLM3). Its `no_rope_layers` flags each layer 1 = rotary, 0 = none;
+    without it, every `no_rope_layer_interval`-th layer has none (transformers' SmolLM3Config)."""
+    n_layers = int(config["num_hidden_layers"])
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        interval = config.get("no_rope_layer_interval")
+        if not interval:
+            return ()
+        flags = [int((i + 1) % int(interval) != 0) for i in range(n_layers)]
+    if len(flags) < n_layers:
+        raise ValueError(f"no_rope_layers {flags} must flag each of the {n_layers} layers")
+    return tuple(i for i in range(n_layers) if not flags[i])
 
 
 def _has_sliding_window(config: dict[str, Any]) -> bool:

@@ -65,6 +65,8 @@ _SPECS = (
     # OLMo 2: norms after attention and MLP only; q/k norms over the whole projections.
     ModelSpec("olmo2", ("Olmo2ForCausalLM",), "vlite.models.olmo2:Olmo2ForCausalLM", gguf=False,
               features={"qk_norm": True, "qk_norm_full": True, "post_norms": True}),
+    # SmolLM3: Llama's layers, some without rotary (config.json's no_rope_layers).
+    ModelSpec("smollm3", ("SmolLM3ForCausalLM",), "vlite.models.smollm3:SmolLM3ForCausalLM", gguf=False),
     ModelSpec("gemma2", ("Gemma2ForCausalLM",), "vlite.models.gemma2:Gemma2ForCausalLM", gguf=False,
               features=_GEMMA, defaults={"query_pre_attn_scalar": 256.0}, sliding_global_every=2),
     # Gemma 3 text-only checkpoints (model_type gemma3_text); GGUF files of any Gemma 3 hold the text
