@@ -1,10 +1,11 @@
 """Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj tensors in the checkpoint, rotary over 3/4 of
 each head (Phi-4-mini's partial_rotary_factor), a sliding window on every layer (Phi-3-mini-4k);
-float32 greedy output token-identical to transformers. Long-context "longrope" configs are refused."""
+and LongRoPE within the original context; float32 greedy output token-identical to transformers."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,36 @@ def test_hf_folder_matches_transformers(folder: Path, prompt_ids: list[list[int]
     print(tiny.assert_parity(completions, refs))
 
 
-def test_longrope_refused(folder: Path) -> None:
+@pytest.fixture(scope="module")
+def longrope_folder(tokenizer: Any, model_dir: Path) -> Path:
+    """Phi-4-mini's layout: longrope over 3/4 of each head, a context 4x the original one."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 512, "short_factor": [1.0, 1.3, 1.9, 2.6, 4.2, 7.5],
+            "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]}
+    model = tiny.build(Phi3Config, Phi3ForCausalLM, seed=6, tie_word_embeddings=True, max_position_embeddings=2048,
+                       original_max_position_embeddings=512,
+                       rope_parameters=rope, pad_token_id=tiny.ALT_EOS_ID)
+    return tiny.save_hf(model, tokenizer, model_dir / "longrope")
+
+
+def test_longrope_matches_transformers(longrope_folder: Path, prompt_ids: list[list[int]]) -> None:
+    """Within original_max_position_embeddings transformers rotates with the short factors, and scales
+    cos/sin by sqrt(1 + ln(4) / ln(512)); vlite serves exactly that context."""
+    from transformers import AutoModelForCausalLM
+
+    cfg, _ = load_model_weights(resolve_model(str(longrope_folder)), torch.float32)
+    assert cfg.max_position_embeddings == 512 and cfg.rope_scaling["rope_type"] == "longrope"
+    assert cfg.rope_scaling["attention_factor"] == pytest.approx((1 + math.log(4) / math.log(512)) ** 0.5)
+    refs = tiny.references(AutoModelForCausalLM.from_pretrained(longrope_folder).eval(), prompt_ids)
+    llm, completions = tiny.run_vlite(longrope_folder, prompt_ids)
+    print(tiny.assert_parity(completions, refs))
+
+
+def test_unsupported_rope_scaling_refused(folder: Path) -> None:
     config = json.loads((folder / "config.json").read_text())
     config.pop("rope_parameters", None)
-    config["rope_scaling"] = {"type": "longrope", "short_factor": [1.0] * 6, "long_factor": [2.0] * 6,
-                              "original_max_position_embeddings": 256}
-    with pytest.raises(ValueError, match="longrope"):
+    config["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+    with pytest.raises(ValueError, match="yarn"):
         ModelArchConfig.from_hf_config(config)

@@ -14,6 +14,9 @@ def _inv_freq(head_dim: int, base: float, rope_scaling: Optional[dict]) -> torch
     rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
     if rope_type == "default":
         return inv_freq
+    if rope_type == "longrope":  # short factors only: the config caps the context where they apply
+        shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        return 1.0 / (torch.tensor(rope_scaling["short_factor"], dtype=torch.float32) * base ** shape)
     if rope_type == "linear":
         return inv_freq / float(rope_scaling["factor"])
     if rope_type == "llama3":
@@ -27,7 +30,7 @@ def _inv_freq(head_dim: int, base: float, rope_scaling: Optional[dict]) -> torch
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(is_medium, smoothed, scaled)
-    raise ValueError(f"rope_scaling type {rope_type!r} is not supported (supported: default, linear, llama3)")
+    raise ValueError(f"rope_scaling type {rope_type!r} is not supported (supported: default, linear, llama3, longrope)")
 
 
 class RotaryEmbedding(nn.Module):
@@ -36,10 +39,13 @@ class RotaryEmbedding(nn.Module):
         inv_freq = _inv_freq(head_dim, base, rope_scaling)
         freqs = torch.arange(max_position, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
-        self.register_buffer("cos_cached", emb.cos(), persistent=False)
+        # longrope scales cos and sin (the attention factor), as transformers does, in float32
+        scale = float((rope_scaling or {}).get("attention_factor", 1.0))
+        self.register_buffer("cos_cached", emb.cos() * scale, persistent=False)
         # rotate-half's sign folded into the sine once (first half negated): one index per step
         half = head_dim // 2
-        self.register_buffer("signed_sin_cached", torch.cat((-emb[:, :half].sin(), emb[:, half:].sin()), dim=-1),
+        sin = emb.sin() * scale
+        self.register_buffer("signed_sin_cached", torch.cat((-sin[:, :half], sin[:, half:]), dim=-1),
                              persistent=False)
 
     def get_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -132,9 +132,11 @@ class ModelArchConfig:
         rope_theta, rope_scaling, rope_local_theta = _hf_rope(config)
         rope_type = (rope_scaling or {}).get("rope_type", "default")
         if rope_type not in _ROPE_TYPES:  # refused with the config, not later when the model is built
-            hint = " (Phi-3/Phi-4 long-context checkpoints)" if rope_type == "longrope" else ""
-            raise ValueError(f"rope scaling {rope_type!r}{hint} is not supported yet; vlite supports: "
+            raise ValueError(f"rope scaling {rope_type!r} is not supported yet; vlite supports: "
                              f"{', '.join(_ROPE_TYPES)}")
+        max_positions = int(config.get("max_position_embeddings", 2048))
+        if rope_type == "longrope":
+            rope_scaling, max_positions = _longrope(config, rope_scaling, max_positions)
 
         eos: list[int] = []
         _extend_ids(eos, config.get("eos_token_id"))
@@ -169,7 +171,7 @@ class ModelArchConfig:
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(eos),
@@ -317,7 +319,25 @@ def _hf_spec(config: dict[str, Any]) -> ModelSpec:
 
 
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-_ROPE_TYPES = ("default", "linear", "llama3")  # what vlite.layers.rotary_embedding computes
+_ROPE_TYPES = ("default", "linear", "llama3", "longrope")  # what vlite.layers.rotary_embedding computes
+
+
+def _longrope(config: dict[str, Any], scaling: dict[str, Any], max_positions: int
+              ) -> tuple[dict[str, Any], int]:
+    """LongRoPE (Phi-3 128k, Phi-4-mini) as vlite runs it: the short factors, and the context capped at
+    original_max_position_embeddings, where transformers uses them too (past it, it rotates each forward
+    call's new queries and keys with the long factors: a per-call switch mixed batches cannot follow). The
+    attention factor comes from the full context, as transformers derives it."""
+    orig = scaling.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+    if not orig:
+        raise ValueError("longrope rope scaling needs original_max_position_embeddings")
+    orig = int(orig)
+    factor = float(scaling.get("factor") or max_positions / orig)
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    scaling = {**scaling, "original_max_position_embeddings": orig, "attention_factor": float(attention)}
+    return scaling, min(max_positions, orig)
 
 
 def _float_or_none(value: Any) -> float | None:
