@@ -1,7 +1,9 @@
-"""Fixtures shared by the per-architecture tests: one tiny tokenizer and its prompts per session."""
+"""Fixtures shared by the per-architecture tests: one tiny tokenizer and its prompts per session; per
+module, transformers' references and the Hugging Face folder of the module's `hf_model`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,3 +28,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLITE_CACHE_DIR", str(folder / "cache"))
         yield folder
+
+
+@pytest.fixture(scope="module")
+def refs(hf_model: Any, prompt_ids: list[list[int]]) -> list[Any]:
+    """transformers' greedy references for the module's tiny model."""
+    return tiny.references(hf_model, prompt_ids)
+
+
+@pytest.fixture(scope="module")
+def folder(hf_model: Any, tokenizer: Any, model_dir: Path) -> Path:
+    """The module's tiny model saved as a Hugging Face folder (a module may override, e.g. sharded)."""
+    return tiny.save_hf(hf_model, tokenizer, model_dir / "hf")

@@ -21,11 +21,6 @@ def hf_model() -> Any:
                       mlp_bias=True)
 
 
-@pytest.fixture(scope="module")
-def refs(hf_model: Any, prompt_ids: list[list[int]]) -> list[Any]:
-    return tiny.references(hf_model, prompt_ids)
-
-
 def test_hf_folder_matches_transformers(hf_model: Any, tokenizer: Any, model_dir: Path, prompt_ids: list[list[int]],
                                         refs: list[Any]) -> None:
     folder = tiny.save_hf(hf_model, tokenizer, model_dir / "hf")

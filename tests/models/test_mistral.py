@@ -24,11 +24,6 @@ def hf_model() -> Any:
                       rope_theta=1e4)
 
 
-@pytest.fixture(scope="module")
-def folder(hf_model: Any, tokenizer: Any, model_dir: Path) -> Path:
-    return tiny.save_hf(hf_model, tokenizer, model_dir / "hf")
-
-
 def test_hf_folder_matches_transformers(hf_model: Any, folder: Path, prompt_ids: list[list[int]]) -> None:
     refs = tiny.references(hf_model, prompt_ids)
     llm, completions = tiny.run_vlite(folder, prompt_ids)

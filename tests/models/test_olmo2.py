@@ -20,16 +20,6 @@ def hf_model() -> Any:
     return tiny.build(Olmo2Config, Olmo2ForCausalLM, seed=7, tie_word_embeddings=False, pad_token_id=tiny.ALT_EOS_ID)
 
 
-@pytest.fixture(scope="module")
-def refs(hf_model: Any, prompt_ids: list[list[int]]) -> list[Any]:
-    return tiny.references(hf_model, prompt_ids)
-
-
-@pytest.fixture(scope="module")
-def folder(hf_model: Any, tokenizer: Any, model_dir: Path) -> Path:
-    return tiny.save_hf(hf_model, tokenizer, model_dir / "hf")
-
-
 def test_config_from_hf_folder(folder: Path) -> None:
     cfg, weights = load_model_weights(resolve_model(str(folder)), torch.float32)
     assert cfg.architecture == "olmo2" and cfg.qk_norm and cfg.qk_norm_full and cfg.post_norms

@@ -22,11 +22,6 @@ def hf_model() -> Any:
 
 
 @pytest.fixture(scope="module")
-def refs(hf_model: Any, prompt_ids: list[list[int]]) -> list[Any]:
-    return tiny.references(hf_model, prompt_ids)
-
-
-@pytest.fixture(scope="module")
 def folder(hf_model: Any, tokenizer: Any, model_dir: Path) -> Path:
     return tiny.save_hf(hf_model, tokenizer, model_dir / "hf", max_shard_size="50KB")
 

@@ -22,16 +22,6 @@ def hf_model() -> Any:
                       rope_theta=1e6, attention_bias=False)
 
 
-@pytest.fixture(scope="module")
-def refs(hf_model: Any, prompt_ids: list[list[int]]) -> list[Any]:
-    return tiny.references(hf_model, prompt_ids)
-
-
-@pytest.fixture(scope="module")
-def folder(hf_model: Any, tokenizer: Any, model_dir: Path) -> Path:
-    return tiny.save_hf(hf_model, tokenizer, model_dir / "hf")
-
-
 def test_config_from_hf_folder(folder: Path) -> None:
     cfg, weights = load_model_weights(resolve_model(str(folder)), torch.float32)
     assert cfg.architecture == "qwen3" and cfg.qk_norm and cfg.head_dim == 32
