@@ -128,6 +128,3 @@ class TiledTensors:
 
         return PackedTensors("q4" if self.bits == 4 else "q8", qs.contiguous(), by_row(self.scales),
                              None if self.mins is None else by_row(self.mins), self.sub)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qt, self.scales, self.mins) if t is not None)

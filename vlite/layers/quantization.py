@@ -35,7 +35,6 @@ from vlite.layers.packed import QK, PackedTensors, TiledTensors
 logger = logging.getLogger(__name__)
 
 
-
 def quantize_int8(weight: torch.Tensor) -> PackedTensors:
     """[N, K] -> q8 blocks of 32, symmetric: w ~= d * q, q in [-127, 127], d float16 (Q8_0's grid)."""
     n, k = weight.shape
@@ -86,10 +85,6 @@ class QuantizedLinear(nn.Module):
         # attribute lookups (121 calls per decode step of the default model).
         t = self.tiled
         self._args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
-
-    def packed(self) -> PackedTensors:
-        assert self.tiled is not None, "the torch fallback keeps only the dense weight"
-        return self.tiled.untiled()
 
     def dequantize(self, dtype: torch.dtype = torch.float32, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.tiled is None:
