@@ -76,6 +76,18 @@ def test_kernel_matches_reference(ops, fmt, sub, scale_dtype, mins, k):
             assert (y.float() - full).abs().max().item() <= rel * full.abs().max().item() + 1e-4
 
 
+@pytest.mark.parametrize("fmt,sub,scale_dtype,mins", [LAYOUTS[0], LAYOUTS[4]])
+def test_long_steps_match_reference(ops, fmt, sub, scale_dtype, mins):
+    """Prefill-sized steps: the kernels take the rows in L2-sized blocks (112 rows at K=576) and in
+    groups of up to 8; 261 rows leave a part block and a part group."""
+    p = random_packed(fmt, 40, 576, sub, scale_dtype, mins, seed=3)
+    t = p.tiled()
+    x = torch.randn(261, 576, generator=torch.Generator().manual_seed(5))
+    y = ops.quant_linear(x, t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    ref = quantized_activations_reference(x) @ p.dequantize().t()
+    assert (y - ref).abs().max().item() <= ref.abs().max().item() * 1e-5
+
+
 @pytest.mark.parametrize("fmt,sub,scale_dtype,mins", LAYOUTS)
 def test_tiled_layout_round_trips(fmt, sub, scale_dtype, mins):
     """The kernels' row-tiled copy holds every value of the row-major one, in the documented places."""
