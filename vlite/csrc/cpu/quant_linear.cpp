@@ -84,19 +84,32 @@ void quantize_row(const T* x, int64_t K, int8_t* q, float* d, float* dsum, int32
   const int64_t nb = K / QK;
   for (int64_t b = 0; b < nb; ++b) {
     const T* xb = x + b * QK;
-    float xf[QK];
-    for (int i = 0; i < QK; ++i) xf[i] = to_float(xb[i]);
-    float amax = 0.f;
-    for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xf[i]));
-    const float db = amax / 127.f;
-    const float id = db > 0.f ? 127.f / amax : 0.f;
+    float xf_buf[QK];
+    const float* xf = reinterpret_cast<const float*>(xb);
+    if constexpr (!std::is_same_v<T, float>) {
+      for (int i = 0; i < QK; ++i) xf_buf[i] = to_float(xb[i]);
+      xf = xf_buf;
+    }
     int32_t* hs = isum + 2 * b;
 #if defined(VLITE_X86)
+    __m256 xv[4];
+    __m256 mx = _mm256_setzero_ps();
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int j = 0; j < 4; ++j) {
+      xv[j] = _mm256_loadu_ps(xf + 8 * j);
+      mx = _mm256_max_ps(mx, _mm256_and_ps(xv[j], abs_mask));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float amax = _mm_cvtss_f32(m4);
+    const float db = amax / 127.f;
+    const float id = db > 0.f ? 127.f / amax : 0.f;
     const __m256 idv = _mm256_set1_ps(id);
     const int rm = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     __m256 t[4], rt[4];
     for (int j = 0; j < 4; ++j) {
-      t[j] = _mm256_mul_ps(_mm256_loadu_ps(xf + 8 * j), idv);
+      t[j] = _mm256_mul_ps(xv[j], idv);
       rt[j] = _mm256_round_ps(t[j], rm);
     }
     pack_block(rt[0], rt[1], rt[2], rt[3], q + b * QK, hs);
@@ -108,6 +121,10 @@ void quantize_row(const T* x, int64_t K, int8_t* q, float* d, float* dsum, int32
       pack_block(e[0], e[1], e[2], e[3], qr + b * QK, isumr + 2 * b);
     }
 #else
+    float amax = 0.f;
+    for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xf[i]));
+    const float db = amax / 127.f;
+    const float id = db > 0.f ? 127.f / amax : 0.f;
     hs[0] = hs[1] = 0;
     if (qr != nullptr) isumr[2 * b] = isumr[2 * b + 1] = 0;
     for (int i = 0; i < QK; ++i) {
