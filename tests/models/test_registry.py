@@ -24,7 +24,10 @@ _BASE = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidd
     ("Qwen2ForCausalLM", "qwen2", "Qwen2ForCausalLM"),
     ("Qwen3ForCausalLM", "qwen3", "Qwen3ForCausalLM"),
     ("Gemma2ForCausalLM", "gemma2", "Gemma2ForCausalLM"),
-    ("Gemma3ForCausalLM", "gemma3", "Gemma3ForCausalLM")])
+    ("Gemma3ForCausalLM", "gemma3", "Gemma3ForCausalLM"),
+    ("Qwen3MoeForCausalLM", "qwen3_moe", "Qwen3MoeForCausalLM"),
+    ("OlmoeForCausalLM", "olmoe", "OlmoeForCausalLM"),
+    ("MixtralForCausalLM", "mixtral", "MixtralForCausalLM")])
 def test_architectures_resolve(hf_name: str, family: str, cls: str) -> None:
     cfg = ModelArchConfig.from_hf_config({**_BASE, "architectures": [hf_name]})
     assert cfg.architecture == family and cfg.spec is registry.spec_for_hf(hf_name)
@@ -50,7 +53,7 @@ def _assert_lists_supported(message: str, supported: tuple[str, ...]) -> None:
     assert all(name in message for name in supported), message
 
 
-@pytest.mark.parametrize("config", [{"architectures": ["Qwen3MoeForCausalLM"]}, {"architectures": ["GPT2LMHeadModel"]},
+@pytest.mark.parametrize("config", [{"architectures": ["Qwen2MoeForCausalLM"]}, {"architectures": ["GPT2LMHeadModel"]},
                                     {"model_type": "gpt_neox"}])
 def test_unsupported_hf_architecture_is_named(tmp_path: Path, config: dict) -> None:
     from vlite import LLM

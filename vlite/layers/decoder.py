@@ -23,7 +23,7 @@ from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata
 from vlite.layers.attention import Attention
 from vlite.layers.layernorm import rms_norm
 from vlite.layers.linear import Weights, fast_ops, linear_weight, param
-from vlite.layers.mlp import GatedMLP
+from vlite.layers.moe import feed_forward
 from vlite.layers.packed import PackedTensors, TiledTensors
 from vlite.layers.quantization import QuantizationPlan, linear, make_linear
 from vlite.layers.rotary_embedding import RotaryEmbedding
@@ -41,7 +41,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = rms_norm(w[f"{p}.input_layernorm.weight"], cfg, dtype, ops)
         self.self_attn = Attention(cfg, w, f"{p}.self_attn", plan, dtype, layer=i)
         self.post_attention_layernorm = rms_norm(w[f"{p}.post_attention_layernorm.weight"], cfg, dtype, ops)
-        self.mlp = GatedMLP(cfg, w, f"{p}.mlp", plan, dtype)
+        self.mlp = feed_forward(cfg, w, p, plan, dtype, i)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
@@ -70,7 +70,7 @@ class SandwichDecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, w, f"{p}.self_attn", plan, dtype, layer=i)
         self.post_attention_layernorm = norm("post_attention_layernorm")
         self.pre_feedforward_layernorm = norm("pre_feedforward_layernorm")
-        self.mlp = GatedMLP(cfg, w, f"{p}.mlp", plan, dtype)
+        self.mlp = feed_forward(cfg, w, p, plan, dtype, i)
         self.post_feedforward_layernorm = norm("post_feedforward_layernorm")
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
@@ -93,7 +93,7 @@ class PostNormDecoderLayer(nn.Module):
         ops = fast_ops(plan)
         self.self_attn = Attention(cfg, w, f"{p}.self_attn", plan, dtype, layer=i)
         self.post_attention_layernorm = rms_norm(w[f"{p}.post_attention_layernorm.weight"], cfg, dtype, ops)
-        self.mlp = GatedMLP(cfg, w, f"{p}.mlp", plan, dtype)
+        self.mlp = feed_forward(cfg, w, p, plan, dtype, i)
         self.post_feedforward_layernorm = rms_norm(w[f"{p}.post_feedforward_layernorm.weight"], cfg, dtype, ops)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,

@@ -19,9 +19,10 @@ class GatedMLP(nn.Module):
     models (GELU runs in torch). Biases where the config has `mlp_bias`."""
 
     def __init__(self, cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, intermediate_size: Optional[int] = None) -> None:
+        """`intermediate_size`: the block's width where it is not the config's (an expert of a mixture)."""
         super().__init__()
-        self.intermediate_size = cfg.intermediate_size
+        self.intermediate_size = intermediate_size or cfg.intermediate_size
         self.gate_up_weight = linear_weight(
             fuse_rows([w[f"{prefix}.gate_proj.weight"], w[f"{prefix}.up_proj.weight"]]), plan, dtype)
         self.down_weight = linear_weight(w[f"{prefix}.down_proj.weight"], plan, dtype)

@@ -67,6 +67,17 @@ class ModelArchConfig:
     partial_rotary_factor: float = 1.0
     # The checkpoint stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (Phi-3).
     fused_checkpoint: bool = False
+    # Mixture of experts (Qwen3-MoE, OLMoE, Mixtral): on each of `moe_layers` a router sends every token to
+    # num_experts_per_tok of num_experts gated MLPs of width moe_intermediate_size; the other layers keep a
+    # dense MLP of intermediate_size. num_experts 0: a dense model.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # the top-k routing weights renormalized to sum to 1 (Mixtral: always)
+    moe_layers: tuple[int, ...] = ()
+    # The checkpoint's names of a mixture layer: `{prefix}.gate` (router), `{prefix}.experts.{e}.{gate,up,down}`.
+    moe_prefix: str = "mlp"
+    expert_names: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
     # GGUF type of the linear layers' weights in the source file ("Q4_1", ...; "mixed"), None for
     # dense sources. The engine may keep such weights packed (vlite.layers.quantization).
     source_quantization: str | None = None
@@ -81,6 +92,11 @@ class ModelArchConfig:
             raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(_ACTIVATIONS)}")
         object.__setattr__(self, "layer_windows", tuple(int(w) for w in self.layer_windows))  # JSON gives a list
         object.__setattr__(self, "nope_layers", tuple(int(i) for i in self.nope_layers))
+        object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
+        object.__setattr__(self, "expert_names", tuple(self.expert_names))
+        if self.moe_layers and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) must be in 1..num_experts "
+                             f"({self.num_experts})")
         if self.layer_windows and (len(self.layer_windows) != self.num_hidden_layers
                                    or min(self.layer_windows) < 0):
             raise ValueError(f"layer_windows {self.layer_windows} must give each of the "
@@ -124,6 +140,8 @@ class ModelArchConfig:
         spec = _hf_spec(config)
         if config.get("use_bidirectional_attention"):
             raise ValueError(f"{spec.name} models with bidirectional attention (embedding models) are not supported")
+        if config.get("clip_qkv") is not None:  # OLMoE / OLMo 1 option: q, k, v clamped
+            raise ValueError(f"{spec.name} models with clip_qkv are not supported")
         layer_windows = _hf_layer_windows(config, spec)
         hidden = int(config["hidden_size"])
         n_heads = int(config["num_attention_heads"])
@@ -158,7 +176,7 @@ class ModelArchConfig:
                     "mlp_bias": bool(config.get("mlp_bias", False)),
                     # Gemma names its activation hidden_activation (older configs carry both keys)
                     "hidden_act": config.get("hidden_activation") or config.get("hidden_act") or "silu",
-                    **spec.features}
+                    **_hf_moe(config), **spec.features}
         return cls(
             architecture=spec.name,
             vocab_size=int(config["vocab_size"]),
@@ -190,6 +208,9 @@ class ModelArchConfig:
         def key(name: str, default: Any = None) -> Any:
             return _field(reader, f"{arch}.{name}", default)
 
+        if key("expert_count"):  # llama.cpp writes Mixtral as "llama" with 3-D expert tensors
+            raise ValueError(f"{arch} GGUF files with experts (mixtures of experts) are not supported yet; "
+                             f"use the model's Hugging Face folder")
         hidden = int(key("embedding_length"))
         n_heads = int(key("attention.head_count"))
         n_kv = int(key("attention.head_count_kv", n_heads))
@@ -297,6 +318,11 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
                 names.add(f"{p}self_attn.{proj}.bias")
         if config.qk_norm:
             names |= {f"{p}self_attn.q_norm.weight", f"{p}self_attn.k_norm.weight"}
+        if i in config.moe_layers:  # the router and every expert's gated MLP instead of one dense MLP
+            m = f"{p}{config.moe_prefix}."
+            names.add(m + "gate.weight")
+            names |= {f"{m}experts.{e}.{n}.weight" for e in range(config.num_experts) for n in config.expert_names}
+            continue
         for proj in ("gate_up_proj", "down_proj") if config.fused_checkpoint else ("gate_proj", "up_proj", "down_proj"):
             names.add(f"{p}mlp.{proj}.weight")
             if config.mlp_bias:
@@ -338,6 +364,21 @@ def _longrope(config: dict[str, Any], scaling: dict[str, Any], max_positions: in
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
     scaling = {**scaling, "original_max_position_embeddings": orig, "attention_factor": float(attention)}
     return scaling, min(max_positions, orig)
+
+
+def _hf_moe(config: dict[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts fields of a config.json ({} for a dense model). Qwen3-MoE keeps a dense MLP
+    on its `mlp_only_layers` and on layers i with (i + 1) % decoder_sparse_step != 0, as transformers does;
+    Mixtral and OLMoE name no such keys (every layer a mixture) and size experts by intermediate_size."""
+    n_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    if not n_experts:
+        return {}
+    n_layers, step = int(config["num_hidden_layers"]), int(config.get("decoder_sparse_step") or 1)
+    dense = set(config.get("mlp_only_layers") or ())
+    return {"num_experts": n_experts, "num_experts_per_tok": int(config["num_experts_per_tok"]),
+            "moe_intermediate_size": int(config.get("moe_intermediate_size") or config["intermediate_size"]),
+            "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
+            "moe_layers": tuple(i for i in range(n_layers) if i not in dense and (i + 1) % step == 0)}
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -67,6 +67,15 @@ _SPECS = (
               features={"qk_norm": True, "qk_norm_full": True, "post_norms": True}),
     # SmolLM3: Llama's layers, some without rotary (config.json's no_rope_layers).
     ModelSpec("smollm3", ("SmolLM3ForCausalLM",), "vlite.models.smollm3:SmolLM3ForCausalLM", gguf=False),
+    # Mixtures of experts (vlite.layers.moe): Qwen3's layers, OLMo 2's whole-projection q/k norms before
+    # (not after) the blocks, Llama's layers with Mixtral's checkpoint names (always renormalized top-k).
+    ModelSpec("qwen3_moe", ("Qwen3MoeForCausalLM",), "vlite.models.qwen3_moe:Qwen3MoeForCausalLM", gguf=False,
+              features={"qk_norm": True, "mlp_bias": False}),
+    ModelSpec("olmoe", ("OlmoeForCausalLM",), "vlite.models.olmoe:OlmoeForCausalLM", gguf=False,
+              features={"qk_norm": True, "qk_norm_full": True, "mlp_bias": False}),
+    ModelSpec("mixtral", ("MixtralForCausalLM",), "vlite.models.mixtral:MixtralForCausalLM", gguf=False,
+              features={"norm_topk_prob": True, "moe_prefix": "block_sparse_moe", "expert_names": ("w1", "w3", "w2"),
+                        "mlp_bias": False}, sliding_global_every=0),
     ModelSpec("gemma2", ("Gemma2ForCausalLM",), "vlite.models.gemma2:Gemma2ForCausalLM", gguf=False,
               features=_GEMMA, defaults={"query_pre_attn_scalar": 256.0}, sliding_global_every=2),
     # Gemma 3 text-only checkpoints (model_type gemma3_text); GGUF files of any Gemma 3 hold the text

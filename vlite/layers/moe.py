@@ -1,0 +1,87 @@
+"""The mixture-of-experts feed-forward block (Qwen3-MoE, OLMoE, Mixtral), computed as vLLM's FusedMoE
+computes it, in torch:
+
+    probs        = softmax(x @ Wgate.T)                       (float32)
+    weights, ids = topk(probs, k)                             (k = num_experts_per_tok)
+    weights     /= weights.sum()                              (norm_topk_prob; Mixtral always)
+    out[t]       = sum_j weights[t, j] * expert[ids[t, j]](x[t])   (each expert a gated MLP)
+
+Batched per expert, whatever the mix of prefill chunks and decodes in the step: the step's
+(token, expert) pairs are sorted by expert, each expert that received tokens runs once over all of
+its rows (one gate/up and one down matmul, packed on the kernels when the plan quantizes), and the
+weighted rows are added back to their tokens with one index_add_. Python loops over the experts
+that have tokens, never over tokens. Within each token the experts' outputs are summed in ascending
+expert order from zero, as transformers sums them, so float32 results match it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlite.layers.linear import Weights, param
+from vlite.layers.mlp import GatedMLP
+from vlite.layers.quantization import QuantizationPlan
+from vlite.model_loader.arch_config import ModelArchConfig
+
+
+def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's experts and their weights, [tokens, top_k] each: softmax over all experts in
+    float32, the top_k best, renormalized to sum to 1 where the model says (transformers' routers of
+    Qwen3-MoE, OLMoE and Mixtral alike; top-k of the softmax is top-k of the logits)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights /= weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class SparseMoE(nn.Module):
+    """A router (dense whatever the plan: its small matmul decides which experts run) over
+    num_experts `GatedMLP`s of width moe_intermediate_size, read from `{prefix}.gate` and
+    `{prefix}.experts.{e}.{gate,up,down}` under the checkpoint's names (`cfg.expert_names`)."""
+
+    def __init__(self, cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_experts, self.top_k, self.renormalize = cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate_weight = param(w[f"{prefix}.gate.weight"].to(dtype))
+        names = cfg.expert_names
+        self.experts = nn.ModuleList(
+            GatedMLP(cfg, {f"expert.{shared}.weight": w[f"{prefix}.experts.{e}.{name}.weight"]
+                           for shared, name in zip(("gate_proj", "up_proj", "down_proj"), names)},
+                     "expert", plan, dtype, intermediate_size=cfg.moe_intermediate_size)
+            for e in range(cfg.num_experts))
+        self._expert_list = list(self.experts)  # indexed per step without nn.ModuleList's lookups
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The block's output for x [tokens, hidden], plus `residual` (the layer's skip connection)."""
+        n = x.shape[0]
+        weights, ids = route(F.linear(x, self.gate_weight), self.top_k, self.renormalize)
+        # The pairs rank-major (rank j, then token): a stable sort by expert keeps, within each expert,
+        # transformers' row order, and the rows of one token in ascending expert order.
+        flat = ids.t().reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        tokens = order % n
+        rows = x.index_select(0, tokens)
+        out_rows = torch.empty_like(rows)
+        start = 0
+        for e, count in enumerate(torch.bincount(flat, minlength=self.num_experts).tolist()):
+            if count:
+                out_rows[start:start + count] = self._expert_list[e](rows[start:start + count])
+                start += count
+        out_rows *= weights.t().reshape(-1)[order].to(x.dtype)[:, None]
+        out = torch.zeros_like(x).index_add_(0, tokens, out_rows)
+        return out if residual is None else out + residual
+
+
+def feed_forward(cfg: ModelArchConfig, w: Weights, layer_prefix: str, plan: QuantizationPlan,
+                 dtype: torch.dtype, layer: int) -> nn.Module:
+    """Layer `layer`'s feed-forward block: the mixture on the config's `moe_layers`, else the dense
+    gated MLP (every layer of a dense model; Qwen3-MoE's `mlp_only_layers`)."""
+    if layer in cfg.moe_layers:
+        return SparseMoE(cfg, w, f"{layer_prefix}.{cfg.moe_prefix}", plan, dtype)
+    return GatedMLP(cfg, w, f"{layer_prefix}.mlp", plan, dtype)
