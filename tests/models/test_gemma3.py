@@ -108,3 +108,46 @@ def test_gguf_layer_pattern_and_query_scale(tmp_path: Path) -> None:
     assert config(_gguf_header(tmp_path / "c.gguf", 2, None)).layer_windows == ()
     big = config(_gguf_header(tmp_path / "d.gguf", 62, 1024))
     assert big.query_pre_attn_scalar == 5376 / 32 and big.layer_windows[5] == 0 and big.layer_windows[6] == 1024
+
+
+def test_gguf_end_of_turn_and_chat_template(tmp_path: Path) -> None:
+    """A Gemma 3 file that names only <eos> (llama.cpp's converter writes no end-of-turn id): <end_of_turn>
+    is found by its text and stops generation too; a file without a chat template gets Gemma 3's, one
+    with its own keeps it; an end-of-turn id the file names is taken as is."""
+    import gguf
+
+    from vlite.model_loader.arch_config import ModelArchConfig
+    from vlite.model_loader.chat_templates import GEMMA3_CHAT_TEMPLATE
+    from vlite.model_loader.resolve import ResolvedModel
+    from vlite.model_loader.tokenizer import _gguf_chat_template
+
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<end_of_turnx>", "<start_of_turn>", "<end_of_turn>", "a"]
+
+    def header(name: str, **kv: Any) -> Path:
+        path = tmp_path / name
+        w = gguf.GGUFWriter(str(path), "gemma3")
+        for key, value in (("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 64),
+                           ("head_count", 2), ("vocab_size", len(tokens))):
+            getattr(w, f"add_{key}")(value)
+        w.add_token_list(tokens)
+        w.add_eos_token_id(1)
+        if "eot" in kv:
+            w.add_eot_token_id(kv["eot"])
+        if "template" in kv:
+            w.add_chat_template(kv["template"])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    def eos(path: Path) -> tuple[int, ...]:
+        return ModelArchConfig.from_gguf_metadata(gguf.GGUFReader(str(path))).eos_token_ids
+
+    def template(path: Path) -> str | None:
+        return _gguf_chat_template(ResolvedModel(path.name, path.parent, path))
+
+    plain = header("plain.gguf")
+    assert eos(plain) == (1, 6) and template(plain) == GEMMA3_CHAT_TEMPLATE
+    named = header("named.gguf", eot=5, template="{{ messages[0]['content'] }}")
+    assert eos(named) == (1, 5) and template(named) == "{{ messages[0]['content'] }}"

@@ -244,6 +244,8 @@ class ModelArchConfig:
         eos: list[int] = []
         for k in ("eos_token_id", "eot_token_id", "eom_token_id"):
             _extend_ids(eos, _field(reader, f"tokenizer.ggml.{k}"))
+        if spec.gguf_end_of_turn and _field(reader, "tokenizer.ggml.eot_token_id") is None:
+            _extend_ids(eos, _gguf_token_ids(reader, spec.gguf_end_of_turn))
         bos = _field(reader, "tokenizer.ggml.bos_token_id")
 
         n_layers = int(key("block_count"))
@@ -452,6 +454,18 @@ def _field(reader: Any, name: str, default: Any = None) -> Any:
     if field is None:
         return default
     return field.contents()
+
+
+def _gguf_token_ids(reader: Any, texts: tuple[str, ...]) -> list[int]:
+    """The ids of the vocabulary tokens spelled as one of `texts`, in id order (the raw byte parts of
+    `tokenizer.ggml.tokens`: decoding all 262,144 strings of a Gemma vocabulary would cost seconds)."""
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    if field is None:
+        return []
+    wanted = {t.encode() for t in texts}
+    sizes = {len(w) for w in wanted}
+    return [i for i, part in enumerate(field.data)
+            if len(field.parts[part]) in sizes and field.parts[part].tobytes() in wanted]
 
 
 def _hf_rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 4  # 2: arch_config.json has source_quantization; 3: packed tensors; 4: model families, features
+_FORMAT_VERSION = 5  # 2: arch_config.json has source_quantization; 3: packed tensors; 4: model families, features;
+# 5: GGUF end-of-turn EOS ids (Gemma 3), family chat templates where the file has none
 
 
 def cache_root() -> Optional[Path]:

@@ -27,12 +27,19 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 def _gguf_chat_template(resolved: ResolvedModel) -> str | None:
-    """The ``tokenizer.chat_template`` metadata string of the GGUF file, if any."""
+    """The ``tokenizer.chat_template`` metadata string of the GGUF file, else its family's own template
+    where vlite knows one (`chat_templates.FAMILY_CHAT_TEMPLATES`: files of base checkpoints carry none)."""
     import gguf
 
+    from vlite.model_loader.chat_templates import FAMILY_CHAT_TEMPLATES
+
     assert resolved.gguf_file is not None
-    field = gguf.GGUFReader(str(resolved.gguf_file)).fields.get("tokenizer.chat_template")
-    return None if field is None else field.contents()
+    fields = gguf.GGUFReader(str(resolved.gguf_file)).fields
+    field = fields.get("tokenizer.chat_template")
+    if field is not None:
+        return field.contents()
+    arch = fields.get("general.architecture")
+    return None if arch is None else FAMILY_CHAT_TEMPLATES.get(arch.contents())
 
 
 def load_tokenizer(resolved: ResolvedModel) -> Any:
@@ -40,7 +47,7 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
 
     For GGUF sources transformers rebuilds the tokenizer from the file's metadata;
     if it leaves ``chat_template`` unset, the template is read from the file here
-    so chat requests keep working.
+    (or, where the file has none, its family's: Gemma 3) so chat requests keep working.
     """
     if resolved.gguf_file is None:
         from transformers import AutoTokenizer

@@ -41,6 +41,9 @@ class ModelSpec:
     sliding_global_every: int | None = None
     # GGUF per-layer tensor names that differ from the common ones (gguf_loader._LAYER_NAMES).
     gguf_layer_names: dict[str, str] = field(default_factory=dict)
+    # GGUF: texts of the tokens that end a turn though the file names no id for them (Gemma's <end_of_turn>,
+    # an EOS id in generation_config.json that llama.cpp finds by its text); every one stops generation.
+    gguf_end_of_turn: tuple[str, ...] = ()
 
 
 # Gemma 2/3: four norms a layer, and GGUF names them differently from Llama ("ffn_norm" is Gemma's
@@ -83,7 +86,7 @@ _SPECS = (
     ModelSpec("gemma3", ("Gemma3ForCausalLM",), "vlite.models.gemma3:Gemma3ForCausalLM",
               features={**_GEMMA, "qk_norm": True, "attn_logit_softcapping": None},
               defaults={"rope_local_theta": 10000.0, "query_pre_attn_scalar": 256.0}, sliding_global_every=6,
-              gguf_layer_names=_GEMMA_GGUF_NAMES),
+              gguf_layer_names=_GEMMA_GGUF_NAMES, gguf_end_of_turn=("<end_of_turn>",)),
 )
 _ALIASES = {"gemma3_text": "gemma3"}  # config.json model_type -> family
 
