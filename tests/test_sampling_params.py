@@ -39,7 +39,8 @@ def test_any_field_value_is_accepted_or_refused_by_name(kwargs):
     # Accepted: numeric fields are finite and in range, and the batch arrays take them as they are.
     for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
         assert math.isfinite(getattr(params, name)), name
-    assert params.n >= 1 and (params.max_tokens is None or params.max_tokens >= 1)
+    assert params.n >= 1 and (params.max_tokens is None or params.max_tokens >= 1
+                              or (params.max_tokens == 0 and params.prompt_logprobs is not None))
     try:
         params.verify_vocab(VOCAB)
     except ValueError as e:
@@ -57,3 +58,12 @@ def test_values_beyond_float32_are_refused_by_name():
     with pytest.raises(ValueError, match="temperature must be a finite number within float32 range"):
         SamplingParams(temperature=3.4028235677973366e38)
     assert SamplingParams(temperature=3.4028234663852886e38).temperature > 0  # float32's largest: accepted
+
+
+def test_max_tokens_zero_only_with_prompt_logprobs():
+    """0 scores the prompt without generating: meaningless (and refused) without prompt_logprobs."""
+    with pytest.raises(ValueError, match="max_tokens must be .* at least 1 .0 only with prompt_logprobs"):
+        SamplingParams(max_tokens=0)
+    assert SamplingParams(max_tokens=0, prompt_logprobs=0).max_tokens == 0
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=-1, prompt_logprobs=0)

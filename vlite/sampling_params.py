@@ -45,7 +45,8 @@ def _as_list(value: object, name: str) -> list:
 class SamplingParams:
     """How to sample one request. Invalid values raise ValueError naming the field.
 
-    `top_k` 0 or -1 disables top-k; `temperature` 0 means greedy.
+    `top_k` 0 or -1 disables top-k; `temperature` 0 means greedy. `max_tokens` 0 (with
+    `prompt_logprobs`) computes the prompt and its logprobs, samples nothing, and finishes "length".
     """
 
     n: int = 1
@@ -118,7 +119,11 @@ class SamplingParams:
         check(self.top_k >= -1, "top_k", "-1, 0 (disabled) or a positive integer")
         check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]")
         if self.max_tokens is not None:
-            check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "a 64-bit integer, at least 1")
+            # 0 scores the prompt without generating (echo with max_tokens=0 on the server): only
+            # meaningful with prompt_logprobs, so only allowed with them.
+            least = 0 if self.prompt_logprobs is not None else 1
+            check(_is_int(self.max_tokens) and self.max_tokens >= least, "max_tokens",
+                  "a 64-bit integer, at least 1 (0 only with prompt_logprobs: score the prompt, generate nothing)")
         check(self.min_tokens >= 0, "min_tokens", "non-negative")
         if self.max_tokens is not None:
             check(self.min_tokens <= self.max_tokens, "min_tokens", f"at most max_tokens ({self.max_tokens})")

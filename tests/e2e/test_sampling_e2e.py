@@ -181,6 +181,28 @@ def test_prompt_logprobs_also_when_chunked(llm_fp32, chunked_llm, hf_model, hf_t
         assert_all_blocks_free(llm)
 
 
+def test_max_tokens_zero_scores_the_prompt_without_sampling(chunked_llm, hf_model, hf_tokenizer):
+    """max_tokens=0 with prompt_logprobs (the server's echo + max_tokens=0): the prompt's logprobs,
+    chunked or not, no token sampled, finish_reason "length", every block back in the pool."""
+    long = corpus_ids(hf_tokenizer)[7100:7140]  # 40 tokens: three chunks of the 16-token budget
+    prompts = [long, long[:1], long[5:21]]  # 21 = one whole chunk of 16
+    params = SamplingParams(temperature=0, max_tokens=0, prompt_logprobs=2)
+    engine = chunked_llm.llm_engine
+    before = chunked_llm.get_metrics()
+    for i, p in enumerate(prompts):
+        engine.add_request(f"score-{i}", {"prompt_token_ids": p}, params)
+    outputs = drain(engine)
+    for i, p in enumerate(prompts):
+        final = outputs[f"score-{i}"][-1]
+        assert final.finished and [o.finished for o in outputs[f"score-{i}"]].count(True) == 1
+        completion = final.outputs[0]
+        assert completion.token_ids == [] and completion.text == "" and completion.finish_reason == "length"
+        check_prompt_logprobs(final.prompt_logprobs, p, hf_logprobs(hf_model, p), 2)
+    after = chunked_llm.get_metrics()
+    assert after["generation_tokens"] == before["generation_tokens"]
+    assert_all_blocks_free(chunked_llm)
+
+
 # ---------------------------------------------------------------------------------------------- 2. seeds
 
 

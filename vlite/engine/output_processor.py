@@ -153,6 +153,8 @@ class OutputProcessor:
             if out is not None:
                 request_outputs.append(out)
             if finished:
+                if state.first_token_time is None and finish_reason == str(FinishReason.LENGTH):
+                    stats.num_prompt_tokens += len(state.prompt_token_ids)  # max_tokens 0: prompt only
                 stats.finished_requests.append(FinishedRequestStats(
                     str(state.finish_reason), now - state.arrival_time, len(state.prompt_token_ids),
                     len(state.token_ids), state.queue_time))

@@ -597,3 +597,23 @@ def test_config_validation():
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             SchedulerConfig(**kwargs)
     assert dataclasses.replace(SchedulerConfig(), policy=" Priority ").policy == " Priority "
+
+
+# ---- max_tokens 0 ------------------------------------------------------------------------------
+
+
+def test_max_tokens_zero_finishes_with_its_prompt_without_sampling():
+    """A prompt-only request (max_tokens=0, prompt_logprobs): chunked like any prompt, never in
+    sample_req_ids, finished "length" by the step that completes its prompt, blocks freed."""
+    sched = make_scheduler(max_num_batched_tokens=6, max_num_partial_prefills=2)
+    sched.add_request(make_req("a", 10, max_tokens=0, prompt_logprobs=1))
+    sched.add_request(make_req("b", 3, max_tokens=2))
+    sched.add_request(make_req("c", 1, max_tokens=0, prompt_logprobs=0))
+    trace = run(sched)
+    assert trace.steps[:2] == [{"a": 6}, {"a": 4, "b": 2}]
+    assert [so.prompt_done_req_ids for so in trace.scheduler_outputs][:4] == [set(), {"a"}, {"c"}, set()]
+    assert all(not so.sample_req_ids & {"a", "c"} for so in trace.scheduler_outputs)
+    assert "a" in trace.scheduler_outputs[2].finished_req_ids  # the runner drops its row next step
+    assert trace.outputs == {"a": [], "b": [TOKEN] * 2, "c": []}
+    assert trace.finish == {"a": "length", "b": "length", "c": "length"}
+    assert_all_free(sched)

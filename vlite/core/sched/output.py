@@ -43,6 +43,9 @@ class SchedulerOutput:
     # req_id -> True when this step reaches the end of the request's known tokens, i.e. the
     # runner must sample a token for it (False for a chunk in the middle of a prompt).
     sample_req_ids: set[str] = field(default_factory=set)
+    # Requests with max_tokens 0 whose prompt this step completes: nothing is sampled for them
+    # (only their prompt logprobs are wanted); update_from_output finishes them ("length").
+    prompt_done_req_ids: set[str] = field(default_factory=set)
 
     @property
     def is_empty(self) -> bool:

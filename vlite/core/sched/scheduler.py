@@ -145,12 +145,12 @@ class Scheduler:
             cached.req_ids.append(request.request_id)
             cached.new_block_ids.append(new_blocks_of[request.request_id])
             cached.num_computed_tokens.append(request.num_computed_tokens)
-        sample_req_ids = set()
+        sample_req_ids, prompt_done_req_ids = set(), set()
         for req_id, n in num_scheduled_tokens.items():
             request = self.requests[req_id]
             request.num_computed_tokens += n
             if request.num_computed_tokens == request.num_tokens:
-                sample_req_ids.add(req_id)
+                (prompt_done_req_ids if request.max_tokens == 0 else sample_req_ids).add(req_id)
         output = SchedulerOutput(
             scheduled_new_reqs=scheduled_new,
             scheduled_cached_reqs=cached,
@@ -159,6 +159,7 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids=preempted_req_ids,
             sample_req_ids=sample_req_ids,
+            prompt_done_req_ids=prompt_done_req_ids,
         )
         self.finished_req_ids = set()
         return output
@@ -357,11 +358,24 @@ class Scheduler:
                 stopped = True
             outputs.append(output)
         # Prompt logprobs of chunks that sampled nothing still travel to the output processor.
+        done = scheduler_output.prompt_done_req_ids
         if prompt_logprobs:
             sampled = set(model_runner_output.req_ids)
             for req_id, plp in prompt_logprobs.items():
-                if req_id not in sampled and req_id in self.requests:
+                if req_id not in sampled and req_id not in done and req_id in self.requests:
                     outputs.append(EngineCoreOutput(request_id=req_id, new_token_ids=[], new_prompt_logprobs=plp))
+        # max_tokens 0: the prompt is computed (and scored), the request ends without a token.
+        for req_id in done:
+            request = requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            outputs.append(EngineCoreOutput(
+                request_id=req_id, new_token_ids=[], finish_reason=str(request.get_finished_reason()),
+                new_prompt_logprobs=prompt_logprobs.get(req_id) if prompt_logprobs else None,
+                num_cached_tokens=max(request.num_cached_tokens, 0), first_scheduled_time=request.first_scheduled_time))
+            self._free_request(request)
+            stopped = True
         if stopped:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
