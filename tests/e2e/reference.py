@@ -21,8 +21,12 @@ class Reference:
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> Reference:
     """Plain greedy loop over transformers' forward with its KV cache (no EOS stop)."""
     # transformers renamed past_key_values to cache; use whichever this version has.
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
+    params = inspect.signature(model.forward).parameters
+    name = "cache" if "cache" in params else "past_key_values"
+    # Only the last position's logits: a 600-token prompt over Gemma's 262,144-token vocabulary would
+    # otherwise compute (and hold) 630 MB of logits nobody reads.
+    last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True, **last)
     past, logits = getattr(out, name), out.logits[0, -1]
     tokens, lps = [], []
     for _ in range(max_new_tokens):
