@@ -99,7 +99,7 @@ def test_legacy_hf_config_keys() -> None:
 def test_unsupported_architecture_folder(tmp_path: Path) -> None:
     folder = tmp_path / "m"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"]}))
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen2MoeForCausalLM"]}))
     (folder / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="unsupported architecture"):
         load_model_weights(resolve_model(str(folder)), torch.float32)
