@@ -67,26 +67,48 @@ def test_unsupported_hf_architecture_is_named(tmp_path: Path, config: dict) -> N
     _assert_lists_supported(str(e.value), registry.SUPPORTED_HF_ARCHITECTURES)
 
 
-def test_unsupported_gguf_architecture_is_named(tmp_path: Path) -> None:
+def _gguf_file(path: Path, arch: str, tensors: tuple[str, ...] = ("token_embd.weight",)) -> Path:
+    """A GGUF file of a tiny 1-layer model's header and the named (zero) tensors."""
     import gguf
 
-    from vlite.model_loader import load_model_weights, resolve_model
-
-    path = tmp_path / "phi3.gguf"
-    w = gguf.GGUFWriter(str(path), "phi3")
-    w.add_embedding_length(16)
-    w.add_head_count(2)
-    w.add_tensor("token_embd.weight", np.zeros((32, 16), dtype=np.float32))
+    w = gguf.GGUFWriter(str(path), arch)
+    for add, value in ((w.add_embedding_length, 16), (w.add_head_count, 2), (w.add_block_count, 1),
+                       (w.add_feed_forward_length, 32)):
+        add(value)
+    for name in tensors:
+        w.add_tensor(name, np.zeros((32, 16) if name == "token_embd.weight" else (16,), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+# olmoe: a family vlite runs from Hugging Face folders only; starcoder2: one it does not run at all
+@pytest.mark.parametrize("arch", ["olmoe", "starcoder2"])
+def test_unsupported_gguf_architecture_is_named(tmp_path: Path, arch: str) -> None:
     import torch
 
-    with pytest.raises(ValueError, match="unsupported GGUF architecture 'phi3'") as e:
+    from vlite.model_loader import load_model_weights, resolve_model
+
+    path = _gguf_file(tmp_path / f"{arch}.gguf", arch)
+    with pytest.raises(ValueError, match=f"unsupported GGUF architecture '{arch}'") as e:
         load_model_weights(resolve_model(str(path)), torch.float32)
     _assert_lists_supported(str(e.value), registry.SUPPORTED_GGUF_ARCHITECTURES)
-    assert set(registry.SUPPORTED_GGUF_ARCHITECTURES) == {"llama", "qwen2", "qwen3", "gemma3"}
+    assert set(registry.SUPPORTED_GGUF_ARCHITECTURES) == {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+                                                          "olmo2", "smollm3"}
+
+
+def test_unreadable_gguf_tensor_is_named(tmp_path: Path) -> None:
+    """A tensor of a supported family that vlite has no place for (llama.cpp's optional per-layer rotary
+    embedding of SmolLM3 files) fails naming it and the family."""
+    import torch
+
+    from vlite.model_loader import load_model_weights, resolve_model
+
+    path = _gguf_file(tmp_path / "smollm3.gguf", "smollm3", ("token_embd.weight", "blk.0.attn_rot_embd.weight"))
+    with pytest.raises(ValueError, match="unexpected tensor 'blk.0.attn_rot_embd.weight' for a smollm3 GGUF file"):
+        load_model_weights(resolve_model(str(path)), torch.float32)
 
 
 @pytest.mark.parametrize("arch,extra,sliding", [

@@ -1,5 +1,6 @@
 """SmolLM3: Llama's layers, some of them without rotary (no_rope_layers); float32 greedy output
-token-identical to transformers. Sliding-window SmolLM3 configs are refused."""
+token-identical to transformers, from a Hugging Face folder and from a GGUF file (llama.cpp's layout: every
+fourth layer NoPE). Sliding-window SmolLM3 configs are refused."""
 
 from __future__ import annotations
 
@@ -42,6 +43,34 @@ def test_hf_folder_matches_transformers(folder: Path, prompt_ids: list[list[int]
     model = llm.llm_engine.engine_core.model_runner.model
     assert [layer.self_attn.use_rope for layer in model.layers] == [True, False, True]
     print(tiny.assert_parity(completions, refs))
+
+
+@pytest.fixture(scope="module")
+def gguf_model() -> Any:
+    """Four layers, the last one NoPE: llama.cpp's fixed pattern (every fourth layer), which a GGUF file does not
+    spell out; an untied head."""
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    return tiny.build(SmolLM3Config, SmolLM3ForCausalLM, seed=10, num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0],
+                      tie_word_embeddings=False, pad_token_id=tiny.ALT_EOS_ID, bos_token_id=None, rope_theta=1e4)
+
+
+def test_gguf_matches_transformers(gguf_model: Any, tokenizer: Any, model_dir: Path,
+                                   prompt_ids: list[list[int]]) -> None:
+    """llama.cpp's layout: Llama's tensors with Q/K rows in its interleaved-rotary order, no NoPE metadata."""
+    path = tiny.write_gguf(gguf_model, tokenizer, model_dir / "smollm3-f16.gguf", "smollm3", f16=True)
+    cfg, weights = load_model_weights(resolve_model(str(path)), torch.float32)
+    assert cfg.architecture == "smollm3" and cfg.nope_layers == (3,) and not cfg.tie_word_embeddings
+    state = gguf_model.state_dict()
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.2.self_attn.k_proj.weight"):
+        torch.testing.assert_close(weights[name], state[name], rtol=0, atol=0)
+    llm, completions = tiny.run_vlite(path, prompt_ids)
+    assert tiny.model_class_name(llm) == "SmolLM3ForCausalLM"
+    model = llm.llm_engine.engine_core.model_runner.model
+    assert [layer.self_attn.use_rope for layer in model.layers] == [True, True, True, False]
+    print(tiny.assert_parity(completions, tiny.references(gguf_model, prompt_ids)))
+    text = "def wrap(self, text):\n    return [line for line in text]"
+    assert llm.get_tokenizer().encode(text) == tokenizer.encode(text)
 
 
 def test_sliding_window_refused(folder: Path) -> None:

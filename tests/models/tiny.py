@@ -10,6 +10,7 @@ rounded to float16 so that a GGUF file with F16 matrices holds exactly the weigh
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -85,16 +86,25 @@ def save_hf(model: Any, tokenizer: Any, folder: Path, max_shard_size: str | None
     return folder
 
 
+# llama.cpp's converter, per GGUF architecture: Q/K rows in interleaved-rotary order (ggml's "normal" rotary),
+# Gemma's RMSNorm weights stored with the 1 of (1 + weight) added, the sliding window written (Phi-3: 0 for none).
+_GGUF_QK_PERMUTED = {"llama", "smollm3"}
+_GGUF_NORM_PLUS_ONE = {"gemma2", "gemma3"}
+_GGUF_SLIDING_WINDOW = {"gemma2", "gemma3", "phi3"}
+
+
 def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = True) -> Path:
     """The model as llama.cpp's converter lays it out: tensor names from the gguf package's own map
     for `arch`, its metadata keys, matrices in F16 (or F32), vectors in F32, no lm_head when tied, a
-    byte-level BPE tokenizer with the chat template. Gemma 3: the sliding window (llama.cpp fixes the
-    5:1 layer pattern, the local rope base and the query scaling), RMSNorm weights stored with the 1 of
-    Gemma's (1 + weight) added, the global layers' rope scaling."""
+    byte-level BPE tokenizer with the chat template. What llama.cpp fixes per family is not written (Gemma's
+    layer pattern, local rope base and query scaling; SmolLM3's NoPE layers); what the converter writes is:
+    sliding window, logit soft-capping, rotary dims of partial rotary, the global layers' rope scaling,
+    LongRoPE's factors as tensors with its original context and attention factor; fused tensors stay fused."""
     import gguf
 
     cfg = model.config
     rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)  # Gemma 3: per layer type
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     arch_enum = {name: a for a, name in gguf.MODEL_ARCH_NAMES.items()}[arch]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(cfg.max_position_embeddings)
@@ -107,12 +117,25 @@ def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = Tr
     if rope.get("rope_type", "default") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(rope["factor"]))
-    if arch == "gemma3":
-        w.add_sliding_window(cfg.sliding_window)
+    partial = rope.get("partial_rotary_factor") or getattr(cfg, "partial_rotary_factor", None) or 1.0
+    if partial != 1.0:
+        w.add_rope_dimension_count(int(partial * head_dim))
+    if rope.get("rope_type") == "longrope":
+        orig = rope.get("original_max_position_embeddings") or cfg.original_max_position_embeddings
+        scale = cfg.max_position_embeddings / orig
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+        for kind in ("long", "short"):
+            w.add_tensor(f"rope_factors_{kind}.weight", np.asarray(rope[f"{kind}_factor"], dtype=np.float32))
+    if arch in _GGUF_SLIDING_WINDOW:
+        w.add_sliding_window(getattr(cfg, "sliding_window", None) or 0)
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(cfg, cap, None):
+            getattr(w, f"add_{cap}")(float(getattr(cfg, cap)))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    if getattr(cfg, "head_dim", None) and cfg.head_dim != cfg.hidden_size // cfg.num_attention_heads:
-        w.add_key_length(cfg.head_dim)
-        w.add_value_length(cfg.head_dim)
+    if head_dim != cfg.hidden_size // cfg.num_attention_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
 
     vocab = tokenizer.backend_tokenizer.get_vocab()
@@ -135,10 +158,11 @@ def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = Tr
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         data = t.detach().numpy()
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
+        if arch in _GGUF_QK_PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
+                                                         "k_proj.bias")):
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             data = _llama_cpp_rotary_order(data, heads)
-        if arch == "gemma3" and name.endswith("norm.weight"):
+        if arch in _GGUF_NORM_PLUS_ONE and name.endswith("norm.weight"):
             data = data + 1
         w.add_tensor(gguf_name, data.astype(np.float16 if f16 and data.ndim == 2 else np.float32))
     w.write_header_to_file()

@@ -214,7 +214,9 @@ class ModelArchConfig:
         hidden = int(key("embedding_length"))
         n_heads = int(key("attention.head_count"))
         n_kv = int(key("attention.head_count_kv", n_heads))
-        head_dim = int(key("attention.key_length", 0) or key("rope.dimension_count", 0) or hidden // n_heads)
+        # llama.cpp's n_embd_head_k and n_rot: rotary may turn fewer dims than a head has (Phi-4-mini)
+        head_dim = int(key("attention.key_length", 0) or hidden // n_heads)
+        rotary_dims = int(key("rope.dimension_count", 0) or head_dim)
 
         tensor_names = {t.name: t for t in reader.tensors}
         vocab = key("vocab_size")
@@ -230,6 +232,16 @@ class ModelArchConfig:
             orig = key("rope.scaling.original_context_length")
             if orig is not None:
                 rope_scaling["original_max_position_embeddings"] = int(orig)
+        elif "rope_factors_short.weight" in tensor_names:  # Phi-3 LongRoPE: both factor lists as tensors
+            from gguf.quants import dequantize
+
+            factors = {f"{k}_factor": [float(f) for f in dequantize(t.data, t.tensor_type).reshape(-1)]
+                       for k in ("short", "long") for t in [tensor_names[f"rope_factors_{k}.weight"]]}
+            attention = key("rope.scaling.attn_factor")
+            rope_scaling, max_pos = _longrope(
+                {"original_max_position_embeddings": key("rope.scaling.original_context_length")},
+                {"rope_type": "longrope", **factors,
+                 **({} if attention is None else {"attention_factor": float(attention)})}, max_pos)
         elif "rope_freqs.weight" in tensor_names:
             # llama.cpp bakes llama3 rope scaling into per-frequency divisors.
             from gguf.quants import dequantize
@@ -263,9 +275,8 @@ class ModelArchConfig:
                     "attn_logit_softcapping": key("attn_logit_softcapping"),
                     "final_logit_softcapping": key("final_logit_softcapping")}
         if spec.features.get("scale_embeddings"):
-            # Gemma: GGUF stores no query_pre_attn_scalar; llama.cpp scales queries by 1/sqrt(head_dim),
-            # except Gemma 3 27B (62 layers): 1/sqrt(hidden / heads), that checkpoint's query_pre_attn_scalar.
-            big = spec.name == "gemma3" and n_layers == 62
+            # Gemma: GGUF stores no query_pre_attn_scalar (see _GGUF_GEMMA_HIDDEN_QUERY_SCALE)
+            big = n_layers == _GGUF_GEMMA_HIDDEN_QUERY_SCALE.get(spec.name)
             optional["query_pre_attn_scalar"] = hidden / n_heads if big else head_dim
         # Optional parts show in the tensors a file has; the architecture's fixed features win, so a
         # file lacking one of its tensors fails as "missing tensors", not with a wrong model.
@@ -273,7 +284,9 @@ class ModelArchConfig:
                     "attention_bias": "blk.0.attn_q.bias" in tensor_names,
                     "attention_out_bias": "blk.0.attn_output.bias" in tensor_names,
                     "mlp_bias": "blk.0.ffn_up.bias" in tensor_names,
-                    "qk_norm": "blk.0.attn_q_norm.weight" in tensor_names, **spec.features}
+                    "qk_norm": "blk.0.attn_q_norm.weight" in tensor_names,
+                    "partial_rotary_factor": rotary_dims / head_dim, **spec.features}
+        nope_every = spec.gguf_nope_every
         return cls(
             architecture=spec.name,
             vocab_size=int(vocab),
@@ -291,6 +304,7 @@ class ModelArchConfig:
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(eos),
             layer_windows=layer_windows,
+            nope_layers=tuple(i for i in range(n_layers) if nope_every and (i + 1) % nope_every == 0),
             **features,
         )
 
@@ -333,6 +347,12 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
 
 
 # ---------------------------------------------------------------------- helpers
+# llama.cpp scales Gemma's queries by head_dim ** -0.5 (GGUF stores no query_pre_attn_scalar), but by
+# (hidden / heads) ** -0.5 for the one checkpoint of each family whose query_pre_attn_scalar is that,
+# recognised by its layer count: Gemma 2 27B (46 layers), Gemma 3 27B (62).
+_GGUF_GEMMA_HIDDEN_QUERY_SCALE = {"gemma2": 46, "gemma3": 62}
+
+
 def _hf_spec(config: dict[str, Any]) -> ModelSpec:
     """The registry entry of a config.json: ``architectures[0]``, else its ``model_type``."""
     archs = config.get("architectures")

@@ -40,8 +40,9 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-# Tensors that carry no weights for the HF layout (rope_freqs is folded into the config).
-_SKIPPED = {"rope_freqs.weight"}
+# Tensors that carry no weights for the HF layout (rope_freqs and Phi-3's LongRoPE factors are folded into
+# the config).
+_SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 

@@ -64,7 +64,16 @@ def _load_gguf_tokenizer(resolved: ResolvedModel) -> Any:
     from transformers import AutoTokenizer
 
     assert resolved.gguf_file is not None
-    tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), gguf_file=resolved.gguf_file.name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), gguf_file=resolved.gguf_file.name)
+    except ValueError as e:
+        # transformers' GGUF config reader names the architectures it knows (not OLMo 2, SmolLM3): the tokenizer
+        # itself comes from the tokenizer.ggml.* metadata alone, which the generic class reads for any of them
+        if "is not supported" not in str(e):
+            raise
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(resolved.path), gguf_file=resolved.gguf_file.name)
     if not getattr(tokenizer, "chat_template", None):
         template = _gguf_chat_template(resolved)
         if template:

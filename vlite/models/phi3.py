@@ -3,23 +3,35 @@ and gate/up as one `gate_up_proj`, with rotary over the leading `partial_rotary_
 (Phi-4-mini: 0.75) and Phi-3-mini-4k's sliding window on every layer.
 
 The fused tensors are split into the shared layers' q/k/v and gate/up names (views, no copy); the
-shared layers fuse them again into the same matmuls. Long-context checkpoints (rope scaling
-"longrope") are refused when their config is read.
+shared layers fuse them again into the same matmuls. LongRoPE checkpoints run with their short factors,
+the context capped at original_max_position_embeddings (ModelArchConfig).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from vlite.layers.decoder import CausalLM
+from vlite.layers.packed import PackedTensors
 from vlite.layers.linear import Weights
 from vlite.layers.quantization import QuantizationPlan
 from vlite.model_loader import ModelArchConfig
 
 
+def _split_rows(w: Any, sizes: list[int]) -> list[Any]:
+    """Row blocks of a dense tensor (views) or of a GGUF file's packed one."""
+    if not isinstance(w, PackedTensors):
+        return list(torch.split(w, sizes))
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [w.rows(torch.arange(s, s + n)) for s, n in zip(starts, sizes)]
+
+
 def split_fused(cfg: ModelArchConfig, weights: Weights) -> Weights:
     """The weights with each layer's qkv_proj and gate_up_proj under the shared layers' per-projection
-    names (rows: q, k, v in that order; gate before up, as transformers' Phi3MLP chunks them)."""
+    names (rows: q, k, v in that order; gate before up, as transformers' Phi3MLP chunks them and GGUF's
+    ffn_up holds them)."""
     out = dict(weights)
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     for i in range(cfg.num_hidden_layers):
@@ -27,11 +39,11 @@ def split_fused(cfg: ModelArchConfig, weights: Weights) -> Weights:
         for kind in ("weight", "bias"):
             qkv = out.pop(f"{p}.self_attn.qkv_proj.{kind}", None)
             if qkv is not None:
-                for name, part in zip("qkv", torch.split(qkv, [q, kv, kv])):
+                for name, part in zip("qkv", _split_rows(qkv, [q, kv, kv])):
                     out[f"{p}.self_attn.{name}_proj.{kind}"] = part
             gate_up = out.pop(f"{p}.mlp.gate_up_proj.{kind}", None)
             if gate_up is not None:
-                gate, up = torch.split(gate_up, cfg.intermediate_size)
+                gate, up = _split_rows(gate_up, [cfg.intermediate_size] * 2)
                 out[f"{p}.mlp.gate_proj.{kind}"], out[f"{p}.mlp.up_proj.{kind}"] = gate, up
     return out
 

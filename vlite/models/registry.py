@@ -44,6 +44,8 @@ class ModelSpec:
     # GGUF: texts of the tokens that end a turn though the file names no id for them (Gemma's <end_of_turn>,
     # an EOS id in generation_config.json that llama.cpp finds by its text); every one stops generation.
     gguf_end_of_turn: tuple[str, ...] = ()
+    # GGUF: llama.cpp's fixed NoPE pattern (files store none): every n-th layer applies no rotary (SmolLM3: 4).
+    gguf_nope_every: int = 0
 
 
 # Gemma 2/3: four norms a layer, and GGUF names them differently from Llama ("ffn_norm" is Gemma's
@@ -63,13 +65,19 @@ _SPECS = (
     ModelSpec("qwen3", ("Qwen3ForCausalLM",), "vlite.models.qwen3:Qwen3ForCausalLM",
               features={"qk_norm": True, "mlp_bias": False}),
     # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj in the checkpoint; Phi-3-mini-4k slides every layer.
-    ModelSpec("phi3", ("Phi3ForCausalLM",), "vlite.models.phi3:Phi3ForCausalLM", gguf=False,
-              features={"fused_checkpoint": True}, sliding_global_every=0),
+    # GGUF keeps them fused too (attn_qkv; ffn_up holds gate and up), LongRoPE factors as rope_factors_* tensors.
+    ModelSpec("phi3", ("Phi3ForCausalLM",), "vlite.models.phi3:Phi3ForCausalLM",
+              features={"fused_checkpoint": True}, sliding_global_every=0,
+              gguf_layer_names={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
     # OLMo 2: norms after attention and MLP only; q/k norms over the whole projections.
-    ModelSpec("olmo2", ("Olmo2ForCausalLM",), "vlite.models.olmo2:Olmo2ForCausalLM", gguf=False,
-              features={"qk_norm": True, "qk_norm_full": True, "post_norms": True}),
+    ModelSpec("olmo2", ("Olmo2ForCausalLM",), "vlite.models.olmo2:Olmo2ForCausalLM",
+              features={"qk_norm": True, "qk_norm_full": True, "post_norms": True},
+              gguf_layer_names={"post_attention_norm": "post_attention_layernorm",
+                                "post_ffw_norm": "post_feedforward_layernorm"}),
     # SmolLM3: Llama's layers, some without rotary (config.json's no_rope_layers).
-    ModelSpec("smollm3", ("SmolLM3ForCausalLM",), "vlite.models.smollm3:SmolLM3ForCausalLM", gguf=False),
+    # llama.cpp writes it as Llama (Q/K rows in interleaved-rotary order), the NoPE layers fixed: every fourth.
+    ModelSpec("smollm3", ("SmolLM3ForCausalLM",), "vlite.models.smollm3:SmolLM3ForCausalLM", gguf_qk_permuted=True,
+              gguf_nope_every=4),
     # Mixtures of experts (vlite.layers.moe): Qwen3's layers, OLMo 2's whole-projection q/k norms before
     # (not after) the blocks, Llama's layers with Mixtral's checkpoint names (always renormalized top-k).
     ModelSpec("qwen3_moe", ("Qwen3MoeForCausalLM",), "vlite.models.qwen3_moe:Qwen3MoeForCausalLM", gguf=False,
@@ -79,8 +87,9 @@ _SPECS = (
     ModelSpec("mixtral", ("MixtralForCausalLM",), "vlite.models.mixtral:MixtralForCausalLM", gguf=False,
               features={"norm_topk_prob": True, "moe_prefix": "block_sparse_moe", "expert_names": ("w1", "w3", "w2"),
                         "mlp_bias": False}, sliding_global_every=0),
-    ModelSpec("gemma2", ("Gemma2ForCausalLM",), "vlite.models.gemma2:Gemma2ForCausalLM", gguf=False,
-              features=_GEMMA, defaults={"query_pre_attn_scalar": 256.0}, sliding_global_every=2),
+    ModelSpec("gemma2", ("Gemma2ForCausalLM",), "vlite.models.gemma2:Gemma2ForCausalLM",
+              features=_GEMMA, defaults={"query_pre_attn_scalar": 256.0}, sliding_global_every=2,
+              gguf_layer_names=_GEMMA_GGUF_NAMES, gguf_end_of_turn=("<end_of_turn>",)),
     # Gemma 3 text-only checkpoints (model_type gemma3_text); GGUF files of any Gemma 3 hold the text
     # model only. transformers' Gemma 3 applies no attention-logit soft-capping whatever the config says.
     ModelSpec("gemma3", ("Gemma3ForCausalLM",), "vlite.models.gemma3:Gemma3ForCausalLM",
