@@ -70,21 +70,28 @@ def test_gguf_matches_transformers(gguf_model: Any, tokenizer: Any, model_dir: P
     print(tiny.assert_parity(completions, tiny.references(gguf_model, prompt_ids)))
 
 
-def test_gguf_query_scale_of_27b(tmp_path: Path) -> None:
-    """llama.cpp scales queries by head_dim ** -0.5, but Gemma 2 27B's (46 layers) by (hidden / heads) ** -0.5."""
+def test_gguf_query_scale_and_defaults(tmp_path: Path) -> None:
+    """llama.cpp scales queries by head_dim ** -0.5, but Gemma 2 27B's (46 layers) by (hidden / heads) ** -0.5;
+    a file without window or soft-cap keys (converted before the converter wrote them) gets Gemma 2's."""
     import gguf
 
-    def config(n_layers: int) -> ModelArchConfig:
-        w = gguf.GGUFWriter(str(tmp_path / f"{n_layers}.gguf"), "gemma2")
+    def config(n_layers: int, window: int | None = 1024) -> ModelArchConfig:
+        w = gguf.GGUFWriter(str(tmp_path / f"{n_layers}-{window}.gguf"), "gemma2")
         for add, value in ((w.add_vocab_size, 32), (w.add_embedding_length, 4608), (w.add_feed_forward_length, 64),
                            (w.add_block_count, n_layers), (w.add_head_count, 32), (w.add_head_count_kv, 16),
-                           (w.add_key_length, 128), (w.add_sliding_window, 4096)):
+                           (w.add_key_length, 128)):
             add(value)
+        if window is not None:
+            w.add_sliding_window(window)
+            w.add_attn_logit_softcapping(20.0)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        return ModelArchConfig.from_gguf_metadata(gguf.GGUFReader(str(tmp_path / f"{n_layers}.gguf")))
+        return ModelArchConfig.from_gguf_metadata(gguf.GGUFReader(str(tmp_path / f"{n_layers}-{window}.gguf")))
 
     assert config(46).query_pre_attn_scalar == 4608 / 32 and config(42).query_pre_attn_scalar == 128
-    assert config(42).layer_windows[:4] == (4096, 0, 4096, 0)
+    given, unsaid = config(42), config(42, None)
+    assert given.layer_windows[:4] == (1024, 0, 1024, 0) and given.attn_logit_softcapping == 20.0
+    assert given.final_logit_softcapping == 30.0
+    assert unsaid.layer_windows[:3] == (4096, 0, 4096) and unsaid.attn_logit_softcapping == 50.0

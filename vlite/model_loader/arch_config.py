@@ -262,7 +262,8 @@ class ModelArchConfig:
 
         n_layers = int(key("block_count"))
         layer_windows: tuple[int, ...] = ()
-        window = int(key("attention.sliding_window", 0) or 0)
+        unsaid = _GGUF_UNSAID.get(spec.name, {})
+        window = int(key("attention.sliding_window", unsaid.get("sliding_window", 0)) or 0)
         if window and spec.sliding_global_every is not None:
             pattern = key("attention.sliding_window_pattern")  # newer files: per layer True = sliding
             if isinstance(pattern, list):
@@ -272,8 +273,7 @@ class ModelArchConfig:
                 sliding = [every == 0 or (i + 1) % every != 0 for i in range(n_layers)]
             layer_windows = tuple(window if s else 0 for s in sliding)
         optional = {"rope_local_theta": key("rope.freq_base_swa"),
-                    "attn_logit_softcapping": key("attn_logit_softcapping"),
-                    "final_logit_softcapping": key("final_logit_softcapping")}
+                    **{k: key(k, unsaid.get(k)) for k in ("attn_logit_softcapping", "final_logit_softcapping")}}
         if spec.features.get("scale_embeddings"):
             # Gemma: GGUF stores no query_pre_attn_scalar (see _GGUF_GEMMA_HIDDEN_QUERY_SCALE)
             big = n_layers == _GGUF_GEMMA_HIDDEN_QUERY_SCALE.get(spec.name)
@@ -351,6 +351,10 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
 # (hidden / heads) ** -0.5 for the one checkpoint of each family whose query_pre_attn_scalar is that,
 # recognised by its layer count: Gemma 2 27B (46 layers), Gemma 3 27B (62).
 _GGUF_GEMMA_HIDDEN_QUERY_SCALE = {"gemma2": 46, "gemma3": 62}
+# What llama.cpp assumes where a family's GGUF file leaves a key out (Gemma 2 files converted before the
+# converter wrote them: the window of 4096 and the soft-caps 50 and 30 of every Gemma 2 checkpoint).
+_GGUF_UNSAID: dict[str, dict[str, Any]] = {
+    "gemma2": {"sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}}
 
 
 def _hf_spec(config: dict[str, Any]) -> ModelSpec:
