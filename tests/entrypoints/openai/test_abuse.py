@@ -246,7 +246,6 @@ BAD_INPUT = [
     (COMPLETIONS, cmpl(logprobs=21), 400, "logprobs"),
     (CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
     # unsupported features: named, not ignored
-    (COMPLETIONS, cmpl(echo=True), 400, "echo"),
     (COMPLETIONS, cmpl(suffix="x"), 400, "suffix"),
     (COMPLETIONS, cmpl(best_of=3), 400, "best_of"),
     (CHAT, chat(tools=[{"type": "function"}]), 400, "tools"),
@@ -268,6 +267,7 @@ BAD_INPUT = [
     (COMPLETIONS, cmpl(model="no-such-model"), 404, "model"),
     (COMPLETIONS, cmpl(prompt=[5] * 9000), 400, "prompt"),
     (COMPLETIONS, cmpl(max_tokens=10**6), 400, "max_tokens"),
+    (COMPLETIONS, cmpl(max_tokens=0), 400, "max_tokens"),  # 0 (score the prompt only) needs echo
 ]
 
 

@@ -122,7 +122,6 @@ def test_sse_framing_and_usage(server):
     ({"prompt": "hi", "max_tokens": 10**7}, 400, "max_tokens"),
     ({"prompt": "hi", "n": "many"}, 400, "n"),
     ({"prompt": ""}, 400, "prompt"),
-    ({"prompt": "hi", "echo": True}, 400, "echo"),
     ({"prompt": "hi", "suffix": "x"}, 400, "suffix"),
     ({"prompt": "hi", "model": "no-such-model"}, 404, "model"),
     ({"prompt": [1, 2, 10**8]}, 400, None),

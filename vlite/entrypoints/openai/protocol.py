@@ -89,7 +89,8 @@ class _SamplingFields(OpenAIBaseModel):
             raise ValueError(f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters")
         return _no_lone_surrogates(v, "stop")
 
-    def _sampling_params(self, max_tokens: int, logprobs: Optional[int]) -> SamplingParams:
+    def _sampling_params(self, max_tokens: int, logprobs: Optional[int],
+                         prompt_logprobs: Optional[int] = None) -> SamplingParams:
         return SamplingParams(
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -106,6 +107,7 @@ class _SamplingFields(OpenAIBaseModel):
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
@@ -132,9 +134,12 @@ class CompletionRequest(_SamplingFields):
         return _no_lone_surrogates(v, "prompt")
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
-        params = self._sampling_params(max_tokens, self.logprobs)
-        params.prompt_logprobs = self.prompt_logprobs
-        return params
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is None and self.echo:
+            # Echoed logprobs cover the prompt too (vLLM's rule); max_tokens 0 computes the prompt
+            # and samples nothing, which the engine allows only for a request scoring its prompt.
+            prompt_logprobs = self.logprobs if self.logprobs is not None else 0 if max_tokens == 0 else None
+        return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs)
 
 
 class ChatMessage(OpenAIBaseModel):

@@ -9,6 +9,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
 from vlite.engine.async_llm import AsyncLLM
@@ -61,6 +62,7 @@ class _ChoiceState:
     completion_tokens: int = 0
     text_offset: int = 0
     finished: bool = False
+    echoed: bool = False
 
 
 @dataclass
@@ -111,10 +113,13 @@ class OpenAIServing:
         if n_prompt > max_len:
             raise OpenAIError(f"This model's maximum context length is {max_len} tokens. However, your prompt has "
                               f"{n_prompt} tokens. Please reduce the length of the prompt.", 400, field_name)
+        # max_tokens 0 (echo only, as vLLM): the prompt and its logprobs, nothing generated.
+        echo = isinstance(request, CompletionRequest) and request.echo
         if max_tokens is None:
             max_tokens = max(max_len - n_prompt, 1)
-        elif max_tokens < 1:
-            raise OpenAIError(f"max_tokens must be at least 1, got {max_tokens}", 400, "max_tokens")
+        elif max_tokens < (0 if echo else 1):
+            hint = " (0, for the prompt's logprobs without generating, needs echo=true)" if max_tokens == 0 else ""
+            raise OpenAIError(f"max_tokens must be at least 1, got {max_tokens}{hint}", 400, "max_tokens")
         elif max_tokens + n_prompt > max_len:
             raise OpenAIError(f"This model's maximum context length is {max_len} tokens. However, you requested "
                               f"{max_tokens + n_prompt} tokens ({n_prompt} in the {field_name}, {max_tokens} in the "
@@ -164,17 +169,22 @@ class OpenAIServing:
         model = self.check_model(request.model)
         if request.suffix is not None:
             raise OpenAIError("suffix is not supported", 400, "suffix")
-        if request.echo:
-            raise OpenAIError("echo is not supported", 400, "echo")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError("best_of is not supported (it must equal n)", 400, "best_of")
         prompts = await self.run_tokenizer(self._completion_prompts, request.prompt)
         base_id = f"cmpl-{uuid.uuid4().hex}"
         prepared = [self._prepare(text, ids, request, f"{base_id}-{i}", request.max_tokens, "prompt")
                     for i, (text, ids) in enumerate(prompts)]
+        echo = await self.run_tokenizer(self._echo_texts, prompts, prepared) if request.echo else None
         if request.stream:
-            return self._completion_stream(request, prepared, base_id, model)
-        return self._completion_full(request, prepared, base_id, model)  # awaited by the route
+            return self._completion_stream(request, prepared, base_id, model, echo)
+        return self._completion_full(request, prepared, base_id, model, echo)  # awaited by the route
+
+    def _echo_texts(self, prompts: list[tuple[Optional[str], list[int]]], prepared: list[_Prepared]) -> list[str]:
+        """What each choice's text starts with under echo: the prompt as sent, or its tokens decoded
+        (a prompt of token ids, or one cut by truncate_prompt_tokens)."""
+        return [text if text is not None and len(ids) == len(p.token_ids) else self.tokenizer.decode(p.token_ids)
+                for (text, ids), p in zip(prompts, prepared)]
 
     def _completion_prompts(self, prompt: Any) -> list[tuple[Optional[str], list[int]]]:
         if isinstance(prompt, str):
@@ -196,7 +206,7 @@ class OpenAIServing:
         return out
 
     async def _completion_full(self, request: CompletionRequest, prepared: list[_Prepared], base_id: str,
-                               model: str) -> dict[str, Any]:
+                               model: str, echo: Optional[list[str]]) -> dict[str, Any]:
         finals: dict[int, RequestOutput] = {}
         async for i, out in self._generate_all(prepared):
             if out.finished:
@@ -208,14 +218,15 @@ class OpenAIServing:
             for c in sorted(out.outputs, key=lambda c: c.index):
                 index = i * request.n + c.index
                 usage.choices[index] = _ChoiceState(completion_tokens=len(c.token_ids))
-                choices.append({"index": index, "text": c.text,
-                                "logprobs": self._completion_logprobs(c, 0) if request.logprobs is not None else None,
+                prefix = echo[i] if echo is not None else None
+                choices.append({"index": index, "text": (prefix or "") + c.text,
+                                "logprobs": self._choice_logprobs(request, p, out, c, prefix, 0),
                                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
         return {"id": base_id, "object": "text_completion", "created": int(time.time()), "model": model,
                 "choices": choices, "usage": usage.to_dict()}
 
     async def _completion_stream(self, request: CompletionRequest, prepared: list[_Prepared], base_id: str,
-                                 model: str) -> AsyncIterator[str]:
+                                 model: str, echo: Optional[list[str]]) -> AsyncIterator[str]:
         created = int(time.time())
         opts = request.stream_options
         usage = _Usage(prompt_tokens=sum(len(p.token_ids) for p in prepared))
@@ -225,14 +236,16 @@ class OpenAIServing:
                     index = i * request.n + c.index
                     state = usage.choices.setdefault(index, _ChoiceState())
                     state.completion_tokens += len(c.token_ids)
-                    logprobs = None
-                    if request.logprobs is not None:
-                        logprobs = self._completion_logprobs(c, state.text_offset)
-                    state.text_offset += len(c.text)
                     if not c.text and not c.token_ids and c.finish_reason is None:
-                        continue
+                        continue  # e.g. a chunk of the prompt computed (its logprobs wait for the echo)
+                    # Under echo, a choice's first chunk starts with the prompt (and its logprobs).
+                    prefix = echo[i] if echo is not None and not state.echoed else None
+                    state.echoed = True
+                    logprobs = self._choice_logprobs(request, prepared[i], out, c, prefix, state.text_offset)
+                    text = (prefix or "") + c.text
+                    state.text_offset += len(text)
                     chunk = {"id": base_id, "object": "text_completion", "created": created, "model": model,
-                             "choices": [{"index": index, "text": c.text, "logprobs": logprobs,
+                             "choices": [{"index": index, "text": text, "logprobs": logprobs,
                                           "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
                     if opts is not None and opts.include_usage:
                         chunk["usage"] = usage.to_dict() if opts.continuous_usage_stats else None
@@ -244,15 +257,41 @@ class OpenAIServing:
             yield sse(_stream_error(e))
         yield "data: [DONE]\n\n"
 
-    def _completion_logprobs(self, c: CompletionOutput, text_offset: int) -> dict[str, Any]:
+    def _choice_logprobs(self, request: CompletionRequest, p: _Prepared, out: RequestOutput, c: CompletionOutput,
+                         prefix: Optional[str], text_offset: int) -> Optional[dict[str, Any]]:
+        """A choice's (or a stream chunk's) logprobs object; with `prefix` (the echoed prompt, which
+        starts at text_offset) the prompt's tokens come first and the generated ones after it."""
+        if request.logprobs is None:
+            return None
+        n = request.logprobs
+        if prefix is None:
+            return self._completion_logprobs(c.token_ids, c.logprobs or [], n, text_offset)
+        prompt_logprobs = out.prompt_logprobs or []
+        if len(prompt_logprobs) != len(p.token_ids):
+            raise OpenAIError(f"the engine returned logprobs for {len(prompt_logprobs)} of the prompt's "
+                              f"{len(p.token_ids)} tokens", 500)
+        head = self._completion_logprobs(p.token_ids, prompt_logprobs, n, text_offset)
+        tail = self._completion_logprobs(c.token_ids, c.logprobs or [], n, text_offset + len(prefix))
+        return {key: head[key] + tail[key] for key in head}
+
+    def _completion_logprobs(self, token_ids: list[int], positions: list[Optional[dict[int, Logprob]]], n: int,
+                             text_offset: int) -> dict[str, Any]:
+        """OpenAI's legacy logprobs object: per token its text, logprob, the top n at its position (with
+        the token itself) and where its text starts. A prompt's first token has no logprobs: nulls."""
         tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
         offset = text_offset
-        for token_id, position in zip(c.token_ids, c.logprobs or []):
-            chosen = position.get(token_id) or Logprob(float("-inf"))
-            text = chosen.decoded_token if chosen.decoded_token is not None else self.tokenizer.decode([token_id])
+        for token_id, position in zip(token_ids, positions):
+            if position is None:
+                text = self.tokenizer.decode([token_id])
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+            else:
+                chosen = position.get(token_id) or Logprob(float("-inf"))
+                text = self._tok(token_id, chosen)
+                token_logprobs.append(_finite(chosen.logprob))
+                top_logprobs.append({self._tok(t, lp): _finite(lp.logprob)
+                                     for t, lp in islice(position.items(), n + 1)})
             tokens.append(text)
-            token_logprobs.append(_finite(chosen.logprob))
-            top_logprobs.append({self._tok(t, lp): _finite(lp.logprob) for t, lp in position.items()})
             offsets.append(offset)
             offset += len(text)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
