@@ -73,13 +73,16 @@ class EngineArgs:
             raise ValueError(f"kv_cache_memory_bytes ({kv_bytes}) is smaller than one KV block "
                              f"({bytes_per_block} bytes at block_size={self.block_size})")
         capacity = num_blocks * self.block_size
+        # LongRoPE: the default is the original context; a longer max_model_len selects the long factors
         max_model_len = self.max_model_len or min(arch.max_position_embeddings, capacity)
-        if max_model_len > arch.max_position_embeddings:
+        if max_model_len > arch.longest_context:
             raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit "
-                             f"({arch.max_position_embeddings})")
+                             f"({arch.longest_context})")
         if max_model_len > capacity:
             raise ValueError(f"max_model_len ({max_model_len}) does not fit in the KV cache ({capacity} tokens); "
                              f"raise kv_cache_memory_bytes or lower max_model_len")
+        arch = arch.with_max_model_len(max_model_len)
+        _log_longrope(arch, max_model_len)
         scheduler_config = SchedulerConfig(
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=max_model_len, policy=self.scheduling_policy,
@@ -93,6 +96,21 @@ class EngineArgs:
             config=VliteConfig(model_config, cache_config, scheduler_config), resolved=resolved, arch=arch,
             weights=weights, torch_dtype=torch_dtype, quantization=quantization, num_kv_blocks=num_blocks,
             eos_token_ids=tuple(arch.eos_token_ids))
+
+
+def _log_longrope(arch: ModelArchConfig, max_model_len: int) -> None:
+    """Which LongRoPE factors this engine rotates with, and how to get the other ones."""
+    scaling = arch.rope_scaling or {}
+    if scaling.get("rope_type") != "longrope":
+        return
+    orig = scaling["original_max_position_embeddings"]
+    if scaling.get("use_long_factor"):
+        logger.info("vlite: LongRoPE with its long factors for every request (max_model_len %d is past the "
+                    "original context of %d tokens)", max_model_len, orig)
+    elif arch.longest_context > max_model_len:
+        logger.info("vlite: LongRoPE with its short factors (max_model_len %d, within the original context of "
+                    "%d tokens); --max-model-len above %d (up to %d) runs the long factors for every request",
+                    max_model_len, orig, orig, arch.longest_context)
 
 
 @dataclass

@@ -14,9 +14,10 @@ def _inv_freq(head_dim: int, base: float, rope_scaling: Optional[dict]) -> torch
     rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
     if rope_type == "default":
         return inv_freq
-    if rope_type == "longrope":  # short factors only: the config caps the context where they apply
+    if rope_type == "longrope":  # one factor set for every position, chosen by max_model_len (arch_config)
         shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        return 1.0 / (torch.tensor(rope_scaling["short_factor"], dtype=torch.float32) * base ** shape)
+        factors = rope_scaling["long_factor" if rope_scaling.get("use_long_factor") else "short_factor"]
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** shape)
     if rope_type == "linear":
         return inv_freq / float(rope_scaling["factor"])
     if rope_type == "llama3":

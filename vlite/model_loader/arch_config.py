@@ -9,7 +9,7 @@ into the record.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -110,6 +110,23 @@ class ModelArchConfig:
     def rotary_dim(self) -> int:
         """How many leading dims of each head rotary rotates (transformers rounds down, as here)."""
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def longest_context(self) -> int:
+        """The longest max_model_len the model serves: max_position_embeddings, or for LongRoPE the context
+        of its long factors (the checkpoint's max_position_embeddings; the default stays the original one)."""
+        return int((self.rope_scaling or {}).get("long_max_position_embeddings", self.max_position_embeddings))
+
+    def with_max_model_len(self, max_model_len: int) -> ModelArchConfig:
+        """The config an engine of `max_model_len` runs: itself, except that a LongRoPE model asked for more
+        than its original context rotates every token with its long factors (`use_long_factor`), over
+        max_model_len positions (see `_longrope`)."""
+        if max_model_len > self.longest_context:
+            raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit ({self.longest_context})")
+        scaling = self.rope_scaling or {}
+        if scaling.get("rope_type") != "longrope" or max_model_len <= self.max_position_embeddings:
+            return self
+        return replace(self, rope_scaling={**scaling, "use_long_factor": True}, max_position_embeddings=max_model_len)
 
     def layer_window(self, layer: int) -> int:
         """The sliding window of `layer` (0: it attends to every key before the query)."""
@@ -376,10 +393,24 @@ _ROPE_TYPES = ("default", "linear", "llama3", "longrope")  # what vlite.layers.r
 
 def _longrope(config: dict[str, Any], scaling: dict[str, Any], max_positions: int
               ) -> tuple[dict[str, Any], int]:
-    """LongRoPE (Phi-3 128k, Phi-4-mini) as vlite runs it: the short factors, and the context capped at
-    original_max_position_embeddings, where transformers uses them too (past it, it rotates each forward
-    call's new queries and keys with the long factors: a per-call switch mixed batches cannot follow). The
-    attention factor comes from the full context, as transformers derives it."""
+    """LongRoPE (Phi-3 128k, Phi-4-mini): the scaling, with the checkpoint's full context as
+    `long_max_position_embeddings`, and the default context: original_max_position_embeddings.
+
+    Which factors rotate is fixed per engine, by its max_model_len (`ModelArchConfig.with_max_model_len`):
+    within the original context (the default) the short factors; asked for more (max_model_len up
+    to max_position_embeddings), the long factors for every token of every request, short prompts too.
+    That is vLLM's rule (Phi3LongRoPEScaledRotaryEmbedding: use_long_rope = max_model_len >
+    original_max_position_embeddings, "to prevent KV cache invalidation when sequences cross this
+    threshold"), though vLLM's default max_model_len is the full context. transformers instead switches
+    per forward call (dynamic_rope_update: the long factors when the call's largest position reaches the
+    original context): a prompt longer than it, prefilled in one call, and all it generates use the long
+    factors, the same as here; but a sequence that grows past the original context keeps the keys it
+    cached with the short factors and rotates the new ones with the long, and a shorter prompt gets the
+    short factors. A per-call switch would make a request's rotation depend on the batch it shares a
+    step with and the cached keys disagree with the new ones, so vlite chooses once, by max_model_len.
+
+    The attention factor (cos and sin scaled by it) comes from the full context, as transformers derives
+    it, for both factor sets."""
     orig = scaling.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
     if not orig:
         raise ValueError("longrope rope scaling needs original_max_position_embeddings")
@@ -388,7 +419,8 @@ def _longrope(config: dict[str, Any], scaling: dict[str, Any], max_positions: in
     attention = scaling.get("attention_factor")
     if attention is None:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
-    scaling = {**scaling, "original_max_position_embeddings": orig, "attention_factor": float(attention)}
+    scaling = {**scaling, "original_max_position_embeddings": orig, "attention_factor": float(attention),
+               "long_max_position_embeddings": max(max_positions, orig)}
     return scaling, min(max_positions, orig)
 
 

@@ -3,8 +3,9 @@ and gate/up as one `gate_up_proj`, with rotary over the leading `partial_rotary_
 (Phi-4-mini: 0.75) and Phi-3-mini-4k's sliding window on every layer.
 
 The fused tensors are split into the shared layers' q/k/v and gate/up names (views, no copy); the
-shared layers fuse them again into the same matmuls. LongRoPE checkpoints run with their short factors,
-the context capped at original_max_position_embeddings (ModelArchConfig).
+shared layers fuse them again into the same matmuls. LongRoPE checkpoints run with their short factors
+within original_max_position_embeddings (the default max_model_len), with their long factors for every
+request when max_model_len is past it (ModelArchConfig.with_max_model_len, arch_config._longrope).
 """
 
 from __future__ import annotations
