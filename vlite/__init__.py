@@ -18,6 +18,7 @@ _EXPORTS = {
     "RequestOutput": "vlite.outputs",
     "RequestOutputKind": "vlite.sampling_params",
     "SamplingParams": "vlite.sampling_params",
+    "StructuredOutputsParams": "vlite.sampling_params",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from vlite.engine.llm_engine import LLMEngine
     from vlite.entrypoints.llm import LLM
     from vlite.outputs import CompletionOutput, Logprob, RequestOutput
-    from vlite.sampling_params import RequestOutputKind, SamplingParams
+    from vlite.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from vlite.sampling_params import SamplingParams
+    from vlite.structured_output.request import StructuredOutputRequest
 
 
 class FinishReason(str, enum.Enum):
@@ -27,6 +28,7 @@ class RequestStatus(enum.IntEnum):
     """Ordered lifecycle: every state after PREEMPTED is a finished one."""
 
     WAITING = enum.auto()
+    WAITING_FOR_FSM = enum.auto()  # its structured-output grammar is being compiled
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()
@@ -80,10 +82,14 @@ class Request:
     all_token_ids: list[int] = field(default_factory=list)
     # Chained hashes of the full blocks of all_token_ids, filled lazily by the KV cache manager.
     block_hashes: list[bytes] = field(default_factory=list)
+    # Set by the structured-output manager for a request with sampling_params.structured_outputs.
+    structured_output_request: Optional[StructuredOutputRequest] = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
         self.max_tokens = self.sampling_params.max_tokens
+        if self.sampling_params.structured_outputs is not None:
+            self.status = RequestStatus.WAITING_FOR_FSM
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 import math
+import json as _json
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 _SAMPLING_EPS = 1e-5
 # The runner keeps sampling parameters in float32 arrays: larger finite doubles would become inf there.
@@ -42,6 +43,67 @@ def _as_list(value: object, name: str) -> list:
 
 
 @dataclass
+class StructuredOutputsParams:
+    """Constrain a request's output (vLLM's names): exactly one of `json` (a JSON schema, as a dict
+    or a JSON string), `regex`, `choice` (one of these strings), `grammar` (EBNF / GBNF) or
+    `json_object=True` (any JSON object). `disable_any_whitespace` makes JSON compact (no free
+    whitespace between tokens). Compiled by xgrammar (`pip install vlite[structured]`)."""
+
+    json: Optional[Union[str, dict[str, Any]]] = None
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        kinds = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        if self.json_object:
+            kinds.append("json_object")
+        if len(kinds) != 1:
+            raise ValueError("structured_outputs must set exactly one of json, regex, choice, grammar or "
+                             f"json_object, got {kinds or 'none'}")
+        if self.json is not None:
+            if isinstance(self.json, str):
+                try:
+                    parsed = _json.loads(self.json)
+                except ValueError as e:
+                    raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+            else:
+                parsed = self.json
+            if not isinstance(parsed, (dict, bool)):
+                raise ValueError("structured_outputs.json must be a JSON schema (an object), got "
+                                 f"{type(parsed).__name__}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None:
+            if isinstance(self.choice, tuple):
+                self.choice = list(self.choice)
+            if not isinstance(self.choice, list) or not self.choice or \
+                    not all(isinstance(c, str) and c for c in self.choice):
+                raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty strings, "
+                                 f"got {self.choice!r}")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: json, regex, choice, grammar or json_object."""
+        for name in ("json", "regex", "choice", "grammar"):
+            if getattr(self, name) is not None:
+                return name
+        return "json_object"
+
+    def key(self) -> tuple[str, str, bool]:
+        """A hashable identity of the constraint: the compiled-grammar cache key."""
+        kind = self.kind
+        value = getattr(self, kind) if kind != "json_object" else True
+        if not isinstance(value, str):
+            value = _json.dumps(value, sort_keys=True)
+        return kind, value, self.disable_any_whitespace
+
+
+@dataclass
 class SamplingParams:
     """How to sample one request. Invalid values raise ValueError naming the field.
 
@@ -74,6 +136,7 @@ class SamplingParams:
     allowed_token_ids: Optional[list[int]] = None
     bad_words: Optional[list[str]] = None
     truncate_prompt_tokens: Optional[int] = None
+    structured_outputs: Optional[StructuredOutputsParams] = None
     # Filled by the input processor: token ids of bad_words as the model would emit them.
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
@@ -149,6 +212,8 @@ class SamplingParams:
         if self.bad_words is not None:
             check(all(isinstance(w, str) and w for w in self.bad_words), "bad_words", "a list of non-empty strings")
         check(isinstance(self.output_kind, RequestOutputKind), "output_kind", "a RequestOutputKind")
+        check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+              "structured_outputs", "a StructuredOutputsParams")
 
     def verify_vocab(self, vocab_size: int) -> None:
         """Token ids must exist in the model's vocabulary."""

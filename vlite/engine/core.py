@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.sched.output import EngineCoreOutput, SchedulerOutput
@@ -15,11 +15,14 @@ from vlite.profiler import section
 from vlite.request import FinishReason, Request, RequestStatus
 from vlite.worker.model_runner import ModelRunner
 
+if TYPE_CHECKING:
+    from vlite.structured_output.manager import StructuredOutputManager
+
 logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedEngineConfig) -> None:
+    def __init__(self, loaded: LoadedEngineConfig, tokenizer: Any = None) -> None:
         cfg = loaded.config
         cache = cfg.cache_config
         # An all-sliding-window model (Mistral) frees the KV blocks behind the window as requests run.
@@ -31,12 +34,42 @@ class EngineCore:
             cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids,
             loaded.quantization)
         loaded.weights = {}  # the model holds what it needs; drop the loader's references
+        self._loaded_resolved = loaded.resolved
+        self._tokenizer = tokenizer
+        self._vocab_size = loaded.arch.vocab_size
+        self._eos_token_ids = tuple(loaded.eos_token_ids)
+        self._structured_output_manager: Optional[StructuredOutputManager] = None
+
+    @property
+    def structured_output_manager(self) -> StructuredOutputManager:
+        """Made on the first request with structured outputs (xgrammar is optional)."""
+        if self._structured_output_manager is None:
+            from vlite.structured_output.backend_xgrammar import import_xgrammar
+            from vlite.structured_output.manager import StructuredOutputManager
+
+            import_xgrammar()  # fail the request now, with the install hint, if it is missing
+            self._structured_output_manager = StructuredOutputManager(
+                self._load_tokenizer, self._vocab_size, self._eos_token_ids)
+        return self._structured_output_manager
+
+    def _load_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from vlite.model_loader import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self._loaded_resolved)
+        return self._tokenizer
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self.scheduler.add_request(Request(
+        req = Request(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             sampling_params=request.sampling_params, eos_token_ids=request.eos_token_ids,
-            arrival_time=request.arrival_time, priority=request.priority))
+            arrival_time=request.arrival_time, priority=request.priority)
+        if request.request_id in self.scheduler.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        if req.sampling_params.structured_outputs is not None:
+            # Compiled on the manager's threads; the request waits in WAITING_FOR_FSM meanwhile.
+            self.structured_output_manager.grammar_init(req)
+        self.scheduler.add_request(req)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
@@ -46,10 +79,18 @@ class EngineCore:
             return []
         with section("schedule"):
             scheduler_output = self.scheduler.schedule()
+        manager = self._structured_output_manager
+        if scheduler_output.is_empty and manager is not None and manager.has_pending():
+            # Only requests waiting for their grammar: let the compile threads have the CPU.
+            manager.wait_for_compilation(0.005)
         try:
             self.model_runner.execute_model(scheduler_output)
+            grammar_output = None
+            if manager is not None and scheduler_output.sample_req_ids:
+                with section("grammar_bitmask"):
+                    grammar_output = manager.grammar_bitmask(self.scheduler.requests, scheduler_output.sample_req_ids)
             with section("sample"):
-                model_output = self.model_runner.sample_tokens()
+                model_output = self.model_runner.sample_tokens(grammar_output)
         except Exception as e:
             return self._handle_step_failure(scheduler_output, e)
         with section("update_from_output"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from vlite.sampling_params import SamplingParams
 
@@ -29,8 +29,11 @@ class EngineCoreRequest:
 
 class InputProcessor:
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, kv_capacity_tokens: int,
-                 eos_token_ids: tuple[int, ...]) -> None:
+                 eos_token_ids: tuple[int, ...],
+                 validate_structured_outputs: Optional[Callable[[Any], None]] = None) -> None:
         self.tokenizer = tokenizer
+        # Where the engine core runs in this process: parse structured-output specs up front.
+        self.validate_structured_outputs = validate_structured_outputs
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.kv_capacity_tokens = kv_capacity_tokens
@@ -84,6 +87,8 @@ class InputProcessor:
         if problems:
             raise ValueError(f"prompt is {n} tokens long, " + " and ".join(problems))
         params.verify_vocab(self.vocab_size)
+        if params.structured_outputs is not None and self.validate_structured_outputs is not None:
+            self.validate_structured_outputs(params.structured_outputs)
 
     def _tokenize_bad_words(self, words: list[str]) -> list[list[int]]:
         """Each word as the model would emit it: at the start of a text and after a space."""

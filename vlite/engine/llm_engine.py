@@ -24,6 +24,12 @@ from vlite.profiler import section
 from vlite.sampling_params import SamplingParams
 
 
+def _validate_structured_outputs(params: Any) -> None:
+    from vlite.structured_output.backend_xgrammar import validate_structured_outputs
+
+    validate_structured_outputs(params)
+
+
 class LLMEngine:
     def __init__(self, engine_args: EngineArgs) -> None:
         torch.manual_seed(engine_args.seed)
@@ -41,9 +47,10 @@ class LLMEngine:
         self.max_model_len = loaded.config.scheduler_config.max_model_len
         self.num_kv_blocks = loaded.num_kv_blocks
         self.input_processor = InputProcessor(self.tokenizer, self.max_model_len, loaded.arch.vocab_size,
-                                              loaded.kv_capacity_tokens, loaded.eos_token_ids)
+                                              loaded.kv_capacity_tokens, loaded.eos_token_ids,
+                                              _validate_structured_outputs)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.engine_core = EngineCore(loaded)
+        self.engine_core = EngineCore(loaded, self.tokenizer)
         self._pending_outputs: list[RequestOutput] = []
         self._children: dict[str, list[str]] = {}  # n > 1 request id -> its children's ids
         self._start_time = time.time()

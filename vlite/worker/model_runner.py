@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,6 +28,9 @@ from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.sampler import Sampler, gather_logprobs
 from vlite.sampling_params import SamplingParams
 from vlite.worker.input_batch import InputBatch
+
+if TYPE_CHECKING:
+    from vlite.structured_output.manager import GrammarOutput
 
 logger = logging.getLogger(__name__)
 
@@ -208,12 +212,15 @@ class ModelRunner:
     # ---- sample_tokens -------------------------------------------------------------------
 
     @torch.inference_mode()
-    def sample_tokens(self) -> ModelRunnerOutput:
+    def sample_tokens(self, grammar_output: GrammarOutput | None = None) -> ModelRunnerOutput:
         step = self._step
         if step is None or not step.req_ids:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[],
                                      prompt_logprobs=step.prompt_logprobs if step is not None else {})
         metadata = self._make_sampling_metadata(step.rows)
+        if grammar_output is not None:
+            with section("grammar_mask"):
+                self._apply_grammar_bitmask(step, grammar_output)
         out = self.sampler(step.logits, metadata)
         sampled = out.sampled_token_ids
 
@@ -236,6 +243,25 @@ class ModelRunner:
                     result.logprobs[req_id] = ([ids[i][:n + 1]], [lps[i][:n + 1]], [ranks[i]])
         self._step = None
         return result
+
+    @staticmethod
+    def _apply_grammar_bitmask(step: _StepState, grammar_output: GrammarOutput) -> None:
+        """Structured outputs: forbid what each constrained row's grammar forbids, before the sampler
+        (whose logprobs then report the masked distribution), in one batched call."""
+        from vlite.structured_output.backend_xgrammar import apply_grammar_bitmask
+
+        logits_row = {req_id: i for i, req_id in enumerate(step.req_ids)}
+        pairs = [(logits_row[req_id], i) for i, req_id in enumerate(grammar_output.req_ids) if req_id in logits_row]
+        if not pairs:
+            return
+        bitmask = grammar_output.bitmask
+        if len(pairs) == len(step.req_ids) and all(a == b for a, b in pairs):
+            apply_grammar_bitmask(step.logits, bitmask, None)
+            return
+        # One bitmask row per logits row: the constrained ones in their place, the rest unused.
+        full = bitmask.new_full((len(step.req_ids), bitmask.shape[1]), -1)
+        full[[a for a, _ in pairs]] = bitmask[[b for _, b in pairs]]
+        apply_grammar_bitmask(step.logits, full, [a for a, _ in pairs])
 
     def _make_sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
         """The step's SamplingMetadata; reused while the same rows are sampled with nothing that

@@ -78,6 +78,8 @@ class EngineCoreOutput:
     first_scheduled_time: float | None = None
     # With finish_reason "error": why the engine failed this request (it failed alone).
     error: str | None = None
+    # The error is the request's own fault (e.g. a grammar that does not compile): a 400, not a 500.
+    bad_request: bool = False
 
     @property
     def finished(self) -> bool:

@@ -17,7 +17,7 @@ from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                      SchedulerOutput)
 from vlite.core.sched.request_queue import RequestQueue, SchedulingPolicy, create_request_queue
-from vlite.request import Request, RequestStatus
+from vlite.request import FinishReason, Request, RequestStatus
 
 
 @dataclass
@@ -52,6 +52,8 @@ class Scheduler:
         # Fault isolation: after a step raised with several requests in it, these run one at a
         # time (head first) until each has survived a sampling step alone or failed alone.
         self.suspects: deque[str] = deque()
+        # Outputs produced outside a step's sampling (requests failed while waiting), sent with the next ones.
+        self.pending_outputs: list[EngineCoreOutput] = []
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -81,7 +83,18 @@ class Scheduler:
             finished.append(request)
         return finished
 
+    def _fail_invalid(self, request: Request, error: str) -> None:
+        """A request that cannot run as asked (e.g. its grammar did not compile) ends with an error
+        that the client caused (a 400 on the server), reported with the next step's outputs."""
+        request.status = RequestStatus.FINISHED_ERROR
+        self._free_request(request)
+        self.pending_outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                                     finish_reason=str(FinishReason.ERROR), error=error,
+                                                     bad_request=True))
+
     def _free_request(self, request: Request) -> None:
+        if request.structured_output_request is not None:
+            request.structured_output_request.free()
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
@@ -176,6 +189,20 @@ class Scheduler:
             if queue is None:
                 break
             request = queue.peek_request()
+            if request.status == RequestStatus.WAITING_FOR_FSM:
+                so_request = request.structured_output_request
+                assert so_request is not None
+                if not so_request.is_ready():
+                    # Its grammar is still compiling: pass it over without holding up the others.
+                    queue.pop_request()
+                    step_skipped_waiting.prepend_request(request)
+                    continue
+                error = so_request.error()
+                if error is not None:
+                    queue.pop_request()
+                    self._fail_invalid(request, error)
+                    continue
+                request.status = RequestStatus.WAITING
             computed_blocks, num_computed_tokens = kv.get_computed_blocks(request)
             num_new_tokens = self._cap_new_tokens(request, request.num_tokens - num_computed_tokens, token_budget)
             is_partial = num_computed_tokens + num_new_tokens < request.num_prompt_tokens
@@ -329,7 +356,7 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        outputs: list[EngineCoreOutput] = []
+        outputs, self.pending_outputs = self.pending_outputs, []
         stopped = False
         requests = self.requests
         logprobs, prompt_logprobs = model_runner_output.logprobs, model_runner_output.prompt_logprobs
@@ -337,10 +364,20 @@ class Scheduler:
             request = requests.get(req_id)
             if request is None or request.status > RequestStatus.PREEMPTED:  # gone or finished meanwhile
                 continue
+            so_request = request.structured_output_request
             for n, token_id in enumerate(new_token_ids):
                 request.output_token_ids.append(token_id)
                 request.all_token_ids.append(token_id)
-                if self._check_stop(request):
+                stopped_here = self._check_stop(request)
+                if so_request is not None and not stopped_here:
+                    # The matcher follows the tokens the request keeps; a complete grammar ends it.
+                    if not so_request.accept_tokens(req_id, [token_id]):
+                        request.status = RequestStatus.FINISHED_ERROR
+                        stopped_here = True
+                    elif so_request.is_terminated():
+                        request.status = RequestStatus.FINISHED_STOPPED
+                        stopped_here = True
+                if stopped_here:
                     new_token_ids = new_token_ids[:n + 1]
                     break
             output = EngineCoreOutput(
