@@ -59,6 +59,22 @@ def test_hf_folder_matches_transformers(folder: Path, prompt_ids: list[list[int]
     print(tiny.assert_parity(completions, refs))
 
 
+def test_gguf_matches_transformers(hf_model: Any, tokenizer: Any, model_dir: Path, prompt_ids: list[list[int]],
+                                   refs: list[Any]) -> None:
+    """llama.cpp's "qwen3moe" layout: each layer's experts stacked in ffn_{gate,up,down}_exps, the router
+    ffn_gate_inp. The dense layer (mlp_only_layers; released Qwen3-MoE models have none, llama.cpp's
+    qwen3moe none either) keeps plain ffn_* tensors, and vlite finds the mixture layers by their router."""
+    path = tiny.write_gguf(hf_model, tokenizer, model_dir / "qwen3moe-f16.gguf", "qwen3moe", f16=True)
+    cfg, weights = load_model_weights(resolve_model(str(path)), torch.float32)
+    assert cfg.architecture == "qwen3_moe" and cfg.moe_layers == (0, 2) and cfg.norm_topk_prob
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 2, 32)
+    assert cfg.intermediate_size == 128
+    assert weights["model.layers.2.mlp.experts.7.down_proj.weight"].shape == (64, 32)
+    llm, completions = tiny.run_vlite(path, prompt_ids)
+    assert tiny.model_class_name(llm) == "Qwen3MoeForCausalLM"
+    print(tiny.assert_parity(completions, refs))
+
+
 @pytest.mark.parametrize("method,min_rate,max_median,max_gap", [("int8", 0.9, 0.03, 0.2), ("int4", 0.6, 0.3, 1.0)])
 def test_quantized_experts(folder: Path, prompt_ids: list[list[int]], refs: list[Any], method: str,
                            min_rate: float, max_median: float, max_gap: float) -> None:
@@ -79,3 +95,38 @@ def test_quantized_experts(folder: Path, prompt_ids: list[list[int]], refs: list
     print(f"{method} Qwen3-MoE vs transformers float32: top-1 {rate:.1%}, |logprob gap| median {median:.4f} "
           f"max {worst:.3f}")
     assert rate >= min_rate and median < max_median and worst < max_gap
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+def test_gguf_quantized_experts_stay_in_their_blocks(tmp_path: Path, qtype: str) -> None:
+    """A stacked quantized expert tensor splits into one packed weight per expert, each dequantizing to
+    exactly the gguf package's values for its slice."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize, quantize
+
+    from vlite.layers.packed import PackedTensors
+    from vlite.model_loader.gguf_loader import _split_experts
+
+    rng = np.random.default_rng(0)
+    kind = gguf.GGMLQuantizationType[qtype]
+    stacked = quantize(rng.standard_normal((3, 16, 256)).astype(np.float32), kind)  # 3 experts, 16 rows, K 256
+    path = tmp_path / "experts.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_tensor("blk.0.ffn_down_exps.weight", stacked, raw_dtype=kind)  # shape from the bytes
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    t = gguf.GGUFReader(str(path)).tensors[0]
+    cfg = ModelArchConfig.from_hf_config({
+        "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_experts": 3, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 256})
+    out = _split_experts(path, t, cfg, 0, "down", torch.float32)
+    assert sorted(out) == [f"model.layers.0.mlp.experts.{e}.down_proj.weight" for e in range(3)]
+    for e in range(3):
+        packed = out[f"model.layers.0.mlp.experts.{e}.down_proj.weight"]
+        assert isinstance(packed, PackedTensors)
+        ref = dequantize(stacked[e], kind).reshape(16, 256)
+        assert torch.equal(packed.dequantize(), torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32)))

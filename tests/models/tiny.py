@@ -133,6 +133,12 @@ def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = Tr
         if getattr(cfg, cap, None):
             getattr(w, f"add_{cap}")(float(getattr(cfg, cap)))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    n_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if n_experts:  # mixtures: the counts and the experts' width (Qwen3-MoE's differs from its dense layers')
+        w.add_expert_count(n_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        if getattr(cfg, "moe_intermediate_size", None):
+            w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if head_dim != cfg.hidden_size // cfg.num_attention_heads:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -152,10 +158,17 @@ def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = Tr
     w.add_chat_template(CHAT_TEMPLATE)
 
     names = gguf.get_tensor_name_map(arch_enum, cfg.num_hidden_layers)
+    dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
+        if ".mlp.experts." in name or name.endswith(".mlp.gate.weight"):
+            for gguf_name, data in _gguf_experts(name, t.detach().numpy()):
+                w.add_tensor(gguf_name, data.astype(np.float16 if f16 else np.float32))
+            continue
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None and n_experts:  # a dense layer among mixtures: Llama's ffn_* names
+            gguf_name = dense_names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         data = t.detach().numpy()
         if arch in _GGUF_QK_PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
@@ -170,6 +183,20 @@ def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = Tr
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _gguf_experts(name: str, data: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """A mixture layer's tensors as llama.cpp's converter writes them: the router as ffn_gate_inp, the
+    experts stacked [experts, rows, K] (transformers 5 keeps gate and up fused, gate first)."""
+    layer = name.split(".")[2]
+    if name.endswith(".mlp.gate.weight"):
+        return [(f"blk.{layer}.ffn_gate_inp.weight", data)]
+    if name.endswith("gate_up_proj"):
+        half = data.shape[1] // 2
+        return [(f"blk.{layer}.ffn_gate_exps.weight", data[:, :half]),
+                (f"blk.{layer}.ffn_up_exps.weight", data[:, half:])]
+    assert name.endswith("down_proj"), name
+    return [(f"blk.{layer}.ffn_down_exps.weight", data)]
 
 
 def _llama_cpp_rotary_order(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -225,9 +225,8 @@ class ModelArchConfig:
         def key(name: str, default: Any = None) -> Any:
             return _field(reader, f"{arch}.{name}", default)
 
-        if key("expert_count"):  # llama.cpp writes Mixtral as "llama" with 3-D expert tensors
-            raise ValueError(f"{arch} GGUF files with experts (mixtures of experts) are not supported yet; "
-                             f"use the model's Hugging Face folder")
+        if key("expert_count") and arch == "llama":  # llama.cpp writes Mixtral as "llama" with expert tensors
+            spec = spec_for("mixtral")
         hidden = int(key("embedding_length"))
         n_heads = int(key("attention.head_count"))
         n_kv = int(key("attention.head_count_kv", n_heads))
@@ -304,11 +303,12 @@ class ModelArchConfig:
                     "qk_norm": "blk.0.attn_q_norm.weight" in tensor_names,
                     "partial_rotary_factor": rotary_dims / head_dim, **spec.features}
         nope_every = spec.gguf_nope_every
+        features.update(_gguf_moe(spec, key, tensor_names, n_layers))
         return cls(
             architecture=spec.name,
             vocab_size=int(vocab),
             hidden_size=hidden,
-            intermediate_size=int(key("feed_forward_length")),
+            intermediate_size=int(key("feed_forward_length") or key("expert_feed_forward_length")),
             num_hidden_layers=n_layers,
             num_attention_heads=n_heads,
             num_key_value_heads=n_kv,
@@ -437,6 +437,28 @@ def _hf_moe(config: dict[str, Any]) -> dict[str, Any]:
             "moe_intermediate_size": int(config.get("moe_intermediate_size") or config["intermediate_size"]),
             "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
             "moe_layers": tuple(i for i in range(n_layers) if i not in dense and (i + 1) % step == 0)}
+
+
+def _gguf_moe(spec: ModelSpec, key: Any, tensor_names: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    """The mixture-of-experts fields of a GGUF file ({} for a dense model). The mixture layers are those
+    with a router tensor (ffn_gate_inp): files of models with dense layers among them (Qwen3-MoE's
+    mlp_only_layers) hold plain ffn_* tensors there. Families vlite runs only densely, and shared experts,
+    are refused by name."""
+    n_experts = int(key("expert_count") or 0)
+    if not n_experts:
+        return {}
+    if spec.name not in ("qwen3_moe", "mixtral"):
+        raise ValueError(f"{spec.gguf_name or spec.name} GGUF files with experts (mixtures of experts) are not "
+                         f"supported; GGUF mixtures vlite reads: qwen3moe, llama (Mixtral)")
+    if key("expert_shared_count"):
+        raise ValueError(f"GGUF file with shared experts (expert_shared_count={key('expert_shared_count')}): "
+                         f"not supported")
+    norm = key("expert_weights_norm")
+    return {"num_experts": n_experts, "num_experts_per_tok": int(key("expert_used_count")),
+            "moe_intermediate_size": int(key("expert_feed_forward_length") or key("feed_forward_length")),
+            "norm_topk_prob": bool(spec.features.get("norm_topk_prob", spec.defaults.get("norm_topk_prob", False))
+                                   if norm is None else norm),
+            "moe_layers": tuple(i for i in range(n_layers) if f"blk.{i}.ffn_gate_inp.weight" in tensor_names)}
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ _GLOBAL_NAMES = {
 # the config).
 _SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+# A mixture layer's experts, stacked [experts, rows, K]: gate, up and down in the order of expert_names.
+_EXPERTS_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+_EXPERT_PARTS = ("gate", "up", "down")
 
 
 def gguf_to_hf_name(name: str, layer_names: dict[str, str] | None = None) -> str | None:
@@ -78,12 +81,17 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str
     reader = gguf.GGUFReader(str(path))
     config = ModelArchConfig.from_gguf_metadata(reader)
     permuted = config.spec.gguf_qk_permuted
-    layer_names = config.spec.gguf_layer_names
+    layer_names = {**config.spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
 
     weights: dict[str, Weight] = {}
     linear_types: set[str] = set()
     for t in reader.tensors:
         if t.name in _SKIPPED:
+            continue
+        experts = _EXPERTS_RE.match(t.name)
+        if experts and config.num_experts:
+            linear_types.add(t.tensor_type.name)
+            weights.update(_split_experts(path, t, config, int(experts.group(1)), experts.group(2), dtype))
             continue
         hf_name = gguf_to_hf_name(t.name, layer_names)
         if hf_name is None:
@@ -125,6 +133,31 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str
         config = dataclasses.replace(
             config, source_quantization=linear_types.pop() if len(linear_types) == 1 else "mixed")
     return config, weights
+
+
+def _split_experts(path: Path, t: Any, config: ModelArchConfig, layer: int, part: str,
+                   dtype: torch.dtype) -> dict[str, Weight]:
+    """One stacked expert tensor [experts, rows, K] -> each expert's 2-D weight under the checkpoint's
+    name; quantized ones stay in their blocks (each expert's rows are whole blocks of the stack)."""
+    from gguf.quants import dequantize
+
+    e_count, rows, k = (int(d) for d in reversed(t.shape.tolist()))
+    if e_count != config.num_experts:
+        raise ValueError(f"{path}: tensor {t.name!r} holds {e_count} experts, the metadata says {config.num_experts}")
+    name = config.expert_names[_EXPERT_PARTS.index(part)]
+    out: dict[str, Weight] = {}
+    for e in range(e_count):
+        hf_name = f"model.layers.{layer}.{config.moe_prefix}.experts.{e}.{name}.weight"
+        try:
+            packed = to_packed(t.data[e], t.tensor_type, (rows, k))
+        except ValueError as err:
+            raise ValueError(f"{path}: tensor {t.name!r}: {err}") from err
+        if packed is None:
+            arr = np.array(dequantize(t.data[e], t.tensor_type).reshape(rows, k), dtype=np.float32)
+            out[hf_name] = torch.from_numpy(arr).to(dtype)
+        else:
+            out[hf_name] = packed
+    return out
 
 
 def _check_complete(path: Path, config: ModelArchConfig, weights: dict[str, Weight]) -> None:

@@ -46,6 +46,8 @@ class ModelSpec:
     gguf_end_of_turn: tuple[str, ...] = ()
     # GGUF: llama.cpp's fixed NoPE pattern (files store none): every n-th layer applies no rotary (SmolLM3: 4).
     gguf_nope_every: int = 0
+    # GGUF: the file's general.architecture where llama.cpp names the family differently ("qwen3moe").
+    gguf_name: str = ""
 
 
 # Gemma 2/3: four norms a layer, and GGUF names them differently from Llama ("ffn_norm" is Gemma's
@@ -80,11 +82,15 @@ _SPECS = (
               gguf_nope_every=4),
     # Mixtures of experts (vlite.layers.moe): Qwen3's layers, OLMo 2's whole-projection q/k norms before
     # (not after) the blocks, Llama's layers with Mixtral's checkpoint names (always renormalized top-k).
-    ModelSpec("qwen3_moe", ("Qwen3MoeForCausalLM",), "vlite.models.qwen3_moe:Qwen3MoeForCausalLM", gguf=False,
-              features={"qk_norm": True, "mlp_bias": False}),
+    # GGUF (llama.cpp's "qwen3moe"; Mixtral's files are "llama" with expert tensors): each layer's experts
+    # stacked in 3-D ffn_{gate,up,down}_exps tensors, the router as ffn_gate_inp; llama.cpp renormalizes
+    # Qwen3-MoE's top-k weights (every released Qwen3-MoE config has norm_topk_prob true).
+    ModelSpec("qwen3_moe", ("Qwen3MoeForCausalLM",), "vlite.models.qwen3_moe:Qwen3MoeForCausalLM",
+              features={"qk_norm": True, "mlp_bias": False}, defaults={"norm_topk_prob": True}, gguf_name="qwen3moe"),
     ModelSpec("olmoe", ("OlmoeForCausalLM",), "vlite.models.olmoe:OlmoeForCausalLM", gguf=False,
               features={"qk_norm": True, "qk_norm_full": True, "mlp_bias": False}),
     ModelSpec("mixtral", ("MixtralForCausalLM",), "vlite.models.mixtral:MixtralForCausalLM", gguf=False,
+              gguf_qk_permuted=True,
               features={"norm_topk_prob": True, "moe_prefix": "block_sparse_moe", "expert_names": ("w1", "w3", "w2"),
                         "mlp_bias": False}, sliding_global_every=0),
     ModelSpec("gemma2", ("Gemma2ForCausalLM",), "vlite.models.gemma2:Gemma2ForCausalLM",
@@ -101,9 +107,10 @@ _ALIASES = {"gemma3_text": "gemma3"}  # config.json model_type -> family
 
 _BY_NAME = {s.name: s for s in _SPECS}
 _BY_HF = {a: s for s in _SPECS for a in s.hf_architectures}
+_BY_GGUF = {s.gguf_name or s.name: s for s in _SPECS if s.gguf}
 
 SUPPORTED_HF_ARCHITECTURES = tuple(_BY_HF)
-SUPPORTED_GGUF_ARCHITECTURES = tuple(s.name for s in _SPECS if s.gguf)
+SUPPORTED_GGUF_ARCHITECTURES = tuple(_BY_GGUF)
 
 
 def spec_for_hf(architecture: str) -> ModelSpec:
@@ -117,8 +124,8 @@ def spec_for_hf(architecture: str) -> ModelSpec:
 
 def spec_for_gguf(architecture: str) -> ModelSpec:
     """The spec of a GGUF `general.architecture`; a ValueError naming it and the supported ones."""
-    spec = _BY_NAME.get(architecture)
-    if spec is None or not spec.gguf:
+    spec = _BY_GGUF.get(architecture)
+    if spec is None:
         raise ValueError(f"unsupported GGUF architecture {architecture!r}; vlite supports: "
                          f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}")
     return spec
