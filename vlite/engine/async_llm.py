@@ -32,6 +32,10 @@ class EngineGenerateError(RuntimeError):
     """A request failed inside the engine; other requests are unaffected."""
 
 
+class EngineBadRequestError(EngineGenerateError):
+    """The engine refused a request for its own content (e.g. a grammar that does not compile): a 400."""
+
+
 class AsyncLLM:
     def __init__(self, engine_args: EngineArgs, stat_loggers: Optional[list[StatLogger]] = None) -> None:
         self.engine_args = engine_args
@@ -178,7 +182,7 @@ class AsyncLLM:
         if any(o.error is not None for o in outputs):  # failed alone inside the engine
             for o in outputs:
                 if o.error is not None:
-                    self._fail_request(o.request_id, o.error)
+                    self._fail_request(o.request_id, o.error, o.bad_request)
             outputs = [o for o in outputs if o.error is None]
         if outputs:
             processed = self.output_processor.process_outputs(outputs)
@@ -196,13 +200,13 @@ class AsyncLLM:
         for stat_logger in self.stat_loggers:
             stat_logger(msg.stats, iteration_stats)
 
-    def _fail_request(self, child_id: str, error: str) -> None:
+    def _fail_request(self, child_id: str, error: str, bad_request: bool = False) -> None:
         state = self.output_processor.request_states.get(child_id)
         parent_id = state.parent.request_id if state is not None and state.parent is not None else child_id
         self.output_processor.abort_requests(self._children.pop(parent_id, [child_id]))
         queue = self._queues.get(parent_id)
         if queue is not None:
-            queue.put_nowait(EngineGenerateError(error))
+            queue.put_nowait(EngineBadRequestError(error) if bad_request else EngineGenerateError(error))
 
     def _fail_all(self, error: str) -> None:
         self.errored = error
