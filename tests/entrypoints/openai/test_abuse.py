@@ -249,7 +249,8 @@ BAD_INPUT = [
     (COMPLETIONS, cmpl(suffix="x"), 400, "suffix"),
     (COMPLETIONS, cmpl(best_of=3), 400, "best_of"),
     (CHAT, chat(tools=[{"type": "function"}]), 400, "tools"),
-    (CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    (CHAT, chat(response_format={"type": "yaml"}), 400, "response_format"),
+    (COMPLETIONS, cmpl(guided_regex="(abc"), 400, "guided_regex"),  # compiled (and refused) in the engine core
     (CHAT, chat(top_logprobs=2), 400, "top_logprobs"),
     # chat templates that fail: raise_exception, a syntax error, a bad kwarg, Python internals
     (CHAT, chat(chat_template="{{ raise_exception('boom') }}"), 400, "chat_template"),

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from vlite.entrypoints.openai.structured_outputs import structured_outputs_of
 from vlite.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -78,6 +79,14 @@ class _SamplingFields(OpenAIBaseModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
+    # Structured outputs (entrypoints/openai/structured_outputs.py): OpenAI's response_format, vLLM's
+    # structured_outputs and its older guided_* names; at most one per request.
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[str, dict[str, Any]]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
     @field_validator("stop")
     @classmethod
@@ -116,6 +125,7 @@ class _SamplingFields(OpenAIBaseModel):
             bad_words=self.bad_words,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=structured_outputs_of(self)[0],
         )
 
 

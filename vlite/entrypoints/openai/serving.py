@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
-from vlite.engine.async_llm import AsyncLLM
+from vlite.engine.async_llm import AsyncLLM, EngineBadRequestError
 from vlite.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from vlite.entrypoints.openai.structured_outputs import constraint_field
 from vlite.outputs import CompletionOutput, Logprob, RequestOutput
 
 T = TypeVar("T")
@@ -55,6 +56,8 @@ class _Prepared:
     token_ids: list[int]
     request_id: str
     engine_input: Any = None
+    # The request field of its structured-output constraint (a compile error is a 400 naming it).
+    constraint_field: Optional[str] = None
 
 
 @dataclass
@@ -131,7 +134,7 @@ class OpenAIServing:
                 request_id, {"prompt": prompt_text, "prompt_token_ids": token_ids}, params, request.priority)
         except ValueError as e:
             raise OpenAIError(str(e), 400, _field_of(str(e))) from None
-        return _Prepared(prompt_text, token_ids, request_id, engine_input)
+        return _Prepared(prompt_text, token_ids, request_id, engine_input, constraint_field(request))
 
     async def _generate_all(self, prepared: list[_Prepared]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Run every prompt's request concurrently; yield (prompt index, output) as they come."""
@@ -154,6 +157,8 @@ class OpenAIServing:
                 i, item = await queue.get()
                 if item is done:
                     remaining -= 1
+                elif isinstance(item, EngineBadRequestError):  # e.g. a schema that does not compile
+                    raise OpenAIError(str(item), 400, prepared[i].constraint_field) from None
                 elif isinstance(item, BaseException):
                     raise item
                 else:
@@ -336,8 +341,6 @@ class OpenAIServing:
                               "--trust-request-chat-template to allow it", 400, "chat_template")
         if request.tools:
             raise OpenAIError("tools are not supported", 400, "tools")
-        if request.response_format and request.response_format.get("type", "text") != "text":
-            raise OpenAIError("only response_format type 'text' is supported", 400, "response_format")
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
         text, ids = await self.run_tokenizer(self.render_chat, request)
