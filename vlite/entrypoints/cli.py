@@ -481,6 +481,13 @@ def _add_serve(subparsers: Any) -> None:
     parser.add_argument("--max-waiting-requests", type=_non_negative_int, default=1024, metavar="N",
                         help="requests that may wait beyond the running batch; more get 503 with Retry-After "
                              "(default: %(default)s)")
+    parser.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                        help="how the model writes tool calls, to read them into `tool_calls`: hermes "
+                             "(<tool_call> JSON blocks: Qwen 2.5/3, Hermes and many fine-tunes) or llama3_json "
+                             "(Llama 3.x JSON calls)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true", default=False,
+                        help='allow tool_choice "auto" (the default when a request has tools): the model decides '
+                             "whether to call, its output read with --tool-call-parser")
     _add_common_args(parser)
     add_engine_args(parser)
     parser.set_defaults(handler=run_serve)
@@ -499,7 +506,7 @@ def run_serve(ns: argparse.Namespace) -> int:
         logging.basicConfig(format="%(levelname)s %(message)s")
     return run_server(engine_args_from_cli(ns), ns.host, ns.port, ns.served_model_name, ns.api_key,
                       ns.uvicorn_log_level, ns.max_request_body_bytes, ns.max_waiting_requests, ns.log_prompts,
-                      ns.trust_request_chat_template)
+                      ns.trust_request_chat_template, ns.tool_call_parser, ns.enable_auto_tool_choice)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -248,7 +248,9 @@ BAD_INPUT = [
     # unsupported features: named, not ignored
     (COMPLETIONS, cmpl(suffix="x"), 400, "suffix"),
     (COMPLETIONS, cmpl(best_of=3), 400, "best_of"),
-    (CHAT, chat(tools=[{"type": "function"}]), 400, "tools"),
+    # tools: a malformed one; "auto" (the default with tools) on a server without --enable-auto-tool-choice
+    (CHAT, chat(tools=[{"type": "function"}]), 400, "tools.0.function"),
+    (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tool_choice"),
     (CHAT, chat(response_format={"type": "yaml"}), 400, "response_format"),
     (COMPLETIONS, cmpl(guided_regex="(abc"), 400, "guided_regex"),  # compiled (and refused) in the engine core
     (CHAT, chat(top_logprobs=2), 400, "top_logprobs"),

@@ -300,7 +300,8 @@ def test_serve_help_documents_every_flag():
     for flag in ("--host", "--port", "--served-model-name", "--api-key", "--max-model-len", "--max-num-seqs",
                  "--max-num-batched-tokens", "--block-size", "--kv-cache-memory", "--dtype", "--seed",
                  "--enable-prefix-caching", "--no-enable-prefix-caching", "--scheduling-policy", "--chat-template",
-                 "--uvicorn-log-level", "--max-request-body-bytes", "--quantization"):
+                 "--uvicorn-log-level", "--max-request-body-bytes", "--quantization", "--tool-call-parser",
+                 "--enable-auto-tool-choice"):
         assert flag in out, flag
 
 

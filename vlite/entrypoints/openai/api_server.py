@@ -170,9 +170,11 @@ class EngineHolder:
         if engine is not None:
             self.set(engine)
 
-    def set(self, engine: AsyncLLM, log_prompts: bool = False, trust_request_chat_template: bool = False) -> None:
+    def set(self, engine: AsyncLLM, log_prompts: bool = False, trust_request_chat_template: bool = False,
+            tool_call_parser: Optional[str] = None, enable_auto_tool_choice: bool = False) -> None:
         self.engine = engine
-        self.serving = OpenAIServing(engine, self.served_model_names, log_prompts, trust_request_chat_template)
+        self.serving = OpenAIServing(engine, self.served_model_names, log_prompts, trust_request_chat_template,
+                                     tool_call_parser, enable_auto_tool_choice)
 
     @property
     def is_ready(self) -> bool:
@@ -381,9 +383,17 @@ def _make_server_class() -> type:
 def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name: Optional[list[str]],
                api_key: Optional[str], uvicorn_log_level: str = "info",
                max_request_body_bytes: int = 4 * 2**20, max_waiting_requests: int = 1024,
-               log_prompts: bool = False, trust_request_chat_template: bool = False) -> int:
+               log_prompts: bool = False, trust_request_chat_template: bool = False,
+               tool_call_parser: Optional[str] = None, enable_auto_tool_choice: bool = False) -> int:
     """Listen at once (answering 503 while the model loads); exit non-zero if the engine dies."""
     import uvicorn
+
+    from vlite.entrypoints.openai.tool_parsers import ToolParserManager
+
+    if tool_call_parser is not None:
+        ToolParserManager.get_tool_parser(tool_call_parser)  # an unknown name fails before the model loads
+    if enable_auto_tool_choice and tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
 
     from vlite.metrics import PrometheusStatLogger
     from vlite.model_loader import resolve_model
@@ -417,7 +427,7 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
                 logger.error("vlite: the engine failed to start: %s", e)
                 failed, server.should_exit = True, True
                 return
-            holder.set(engine, log_prompts, trust_request_chat_template)
+            holder.set(engine, log_prompts, trust_request_chat_template, tool_call_parser, enable_auto_tool_choice)
             logger.warning("vlite: serving %s at http://%s:%d (API pid %d, engine core pid %s); try:\n"
                            "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' "
                            "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",

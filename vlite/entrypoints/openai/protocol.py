@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vlite.entrypoints.openai.structured_outputs import structured_outputs_of
-from vlite.sampling_params import RequestOutputKind, SamplingParams
+from vlite.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 
 # Caps on request size that keep one request from monopolising the server (documented in
@@ -152,10 +152,50 @@ class CompletionRequest(_SamplingFields):
         return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs)
 
 
+class FunctionDefinition(OpenAIBaseModel):
+    name: str = Field(min_length=1, max_length=256)
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class ChatCompletionToolsParam(OpenAIBaseModel):
+    """One entry of `tools`: a function the model may call, its parameters a JSON schema."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
+    """`tool_choice` naming the function that must be called."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallParam(OpenAIBaseModel):
+    """A call in an assistant message of the history (arguments as the JSON string OpenAI sends)."""
+
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCallParam]] = None
+    tool_call_id: Optional[str] = None
 
     @field_validator("content", "role")
     @classmethod
@@ -174,14 +214,36 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     echo: bool = False
-    tools: Optional[list[dict[str, Any]]] = None
+    tools: Optional[list[ChatCompletionToolsParam]] = Field(default=None, max_length=128)
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], ChatCompletionNamedToolChoiceParam]] = None
+    parallel_tool_calls: Optional[bool] = True
     response_format: Optional[dict[str, Any]] = None
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         logprobs = None
         if self.logprobs:
             logprobs = self.top_logprobs or 0
-        return self._sampling_params(max_tokens, logprobs)
+        params = self._sampling_params(max_tokens, logprobs)
+        tool_constraint = self.tool_structured_outputs()
+        if tool_constraint is not None:
+            params.structured_outputs = tool_constraint
+        return params
+
+    def tool_structured_outputs(self) -> Optional[StructuredOutputsParams]:
+        """tool_choice "required" or a named function: the output is generated under a JSON schema so that
+        the call always parses (vLLM's rule, ahead of any response_format): a non-empty array of
+        {"name", "parameters"} calls, or the named function's arguments."""
+        from vlite.entrypoints.openai.tool_parsers.constrained import parameters_schema, required_schema
+
+        if not self.tools or self.tool_choice is None or isinstance(self.tool_choice, str) and \
+                self.tool_choice != "required":
+            return None
+        tools = [t.model_dump(exclude_none=True) for t in self.tools]
+        if self.tool_choice == "required":
+            return StructuredOutputsParams(json=required_schema(tools, self.parallel_tool_calls is not False))
+        name = self.tool_choice.function.name
+        tool = next((t for t in tools if t["function"]["name"] == name), None)
+        return None if tool is None else StructuredOutputsParams(json=parameters_schema(tool))
 
 
 class TokenizeRequest(OpenAIBaseModel):
