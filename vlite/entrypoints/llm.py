@@ -55,14 +55,21 @@ class LLM:
     def chat(self, messages: Union[Conversation, list[Conversation]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
              use_tqdm: bool = True, chat_template: Optional[str] = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation, then generate."""
+             add_generation_prompt: bool = True, tools: Optional[list[dict[str, Any]]] = None,
+             chat_template_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate. `tools` (OpenAI's
+        function definitions) are passed to the template as vLLM does; assistant `tool_calls` in the
+        history may carry their arguments as a JSON string (OpenAI's shape): the template gets a dict."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
         prompts: list[PromptType] = []
+        kwargs = dict(chat_template_kwargs or {})
+        if tools:
+            kwargs["tools"] = tools
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt)
+            text = tokenizer.apply_chat_template([_template_message(m) for m in conversation],
+                                                 chat_template=chat_template, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt, **kwargs)
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self._run(prompts, sampling_params, use_tqdm, None)
@@ -121,3 +128,19 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [r for r in results if r is not None]
+
+
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message with its tool calls' arguments as dicts, the shape HF chat templates expect."""
+    calls = message.get("tool_calls")
+    if not calls or not any(isinstance(c.get("function", {}).get("arguments"), str) for c in calls):
+        return message
+    import json
+
+    def parsed(call: dict[str, Any]) -> dict[str, Any]:
+        function = call.get("function", {})
+        if isinstance(function.get("arguments"), str):
+            function = {**function, "arguments": json.loads(function["arguments"])}
+        return {**call, "function": function}
+
+    return {**message, "tool_calls": [parsed(c) for c in calls]}

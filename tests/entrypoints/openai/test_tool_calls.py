@@ -94,8 +94,14 @@ def check_calls(calls, names) -> None:
 
 def assembled(client, **kwargs):
     """The official client's stream helper assembles the deltas into a completion."""
+    return streamed(client, **kwargs)[0]
+
+
+def streamed(client, **kwargs):
+    """(the completion the client's stream helper assembles, the raw chunks' first-choice deltas)."""
     with client.chat.completions.stream(**kwargs) as stream:
-        return stream.get_final_completion()
+        deltas = [e.chunk.choices[0].delta for e in stream if e.type == "chunk" and e.chunk.choices]
+        return stream.get_final_completion(), deltas
 
 
 def same_calls(a, b) -> None:
@@ -142,10 +148,10 @@ def test_named_function_arguments_validate(client, model, name):
     out = client.chat.completions.create(**kwargs).choices[0]
     check_calls(out.message.tool_calls, [name])
     assert out.finish_reason == "stop"  # as OpenAI answers a forced function
-    same_calls(assembled(client, **kwargs).choices[0].message.tool_calls, out.message.tool_calls)
+    final, chunks = streamed(client, **kwargs)
+    same_calls(final.choices[0].message.tool_calls, out.message.tool_calls)
     # Raw deltas: the first of the call carries id, type and name; the rest only argument fragments.
-    chunks = [c for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
-    deltas = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    deltas = [tc for d in chunks for tc in (d.tool_calls or [])]
     assert deltas[0].id and deltas[0].type == "function" and deltas[0].function.name == name
     assert all(d.id is None and d.function.name is None for d in deltas[1:]) and len(deltas) > 2
     assert "".join(d.function.arguments or "" for d in deltas) == out.message.tool_calls[0].function.arguments
@@ -168,11 +174,11 @@ def test_auto_tool_calls_parsed_and_streamed(client, model):
     assert out.message.content == "I will check the weather."
     check_calls(out.message.tool_calls, ["get_weather", "get_time"])
     assert out.finish_reason == "tool_calls"
-    streamed = assembled(client, **kwargs).choices[0]
-    same_calls(streamed.message.tool_calls, out.message.tool_calls)
-    assert streamed.message.content == out.message.content and streamed.finish_reason == "tool_calls"
+    final, chunks = streamed(client, **kwargs)
+    same_calls(final.choices[0].message.tool_calls, out.message.tool_calls)
+    assert final.choices[0].message.content == out.message.content
+    assert final.choices[0].finish_reason == "tool_calls"
     # The content streams before the calls; each call's first delta names it.
-    chunks = [c.choices[0].delta for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
     first_call = next(i for i, d in enumerate(chunks) if d.tool_calls)
     assert "".join(d.content or "" for d in chunks[:first_call]) == out.message.content
     assert not any(d.content for d in chunks[first_call:])
@@ -253,3 +259,23 @@ def test_auto_needs_the_server_flags(server):
     r = httpx.post(f"{server.url}/v1/chat/completions", headers=server.headers, timeout=60,
                    json={"messages": ASK, "tools": TOOLS, "tool_choice": "none", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+
+def test_offline_chat_renders_tools_and_history(llm_fp32):
+    """LLM.chat(tools=...) as vLLM's: the template gets the tools and the history's arguments as dicts; the
+    server's parsers read the output offline too."""
+    from vlite import SamplingParams
+    from vlite.entrypoints.openai.tool_parsers import ToolParserManager
+    from vlite.sampling_params import StructuredOutputsParams
+
+    history = ASK + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lyon"}'}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "rain"}, {"role": "user", "content": "And Paris?"}]
+    params = SamplingParams(temperature=0, max_tokens=100, structured_outputs=StructuredOutputsParams(regex=AUTO_REGEX))
+    out = llm_fp32.chat(history, params, use_tqdm=False, chat_template=HERMES_TEMPLATE, tools=TOOLS)[0]
+    assert json.dumps(WEATHER) in out.prompt and '"arguments": {"city": "Lyon"}' in out.prompt
+    parsed = ToolParserManager.get_tool_parser("hermes")().extract_tool_calls(out.outputs[0].text)
+    assert parsed.content == "I will check the weather."
+    assert [c["function"]["name"] for c in parsed.tool_calls] == ["get_weather", "get_time"]
+    for c in parsed.tool_calls:
+        jsonschema.validate(json.loads(c["function"]["arguments"]), PARAMS[c["function"]["name"]])
