@@ -279,3 +279,14 @@ def test_offline_chat_renders_tools_and_history(llm_fp32):
     assert [c["function"]["name"] for c in parsed.tool_calls] == ["get_weather", "get_time"]
     for c in parsed.tool_calls:
         jsonschema.validate(json.loads(c["function"]["arguments"]), PARAMS[c["function"]["name"]])
+
+
+@pytest.mark.parametrize("flags, words", [(["--tool-call-parser", "nope"], "hermes"),
+                                          (["--enable-auto-tool-choice"], "requires --tool-call-parser")])
+def test_bad_tool_flags_fail_before_loading(flags, words):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "vlite", "serve", "--port", "1", *flags], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and words in r.stderr, r.stderr
