@@ -1,0 +1,73 @@
+"""StructuredOutputsParams and the server's field mapping: validation, cache keys, the missing-extra hint."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+
+from vlite.entrypoints.openai.structured_outputs import constraint_field, structured_outputs_of
+from vlite.sampling_params import SamplingParams, StructuredOutputsParams
+
+
+def test_exactly_one_kind_and_field_named_errors():
+    for bad, field in [({}, "exactly one"), ({"regex": "a", "json_object": True}, "exactly one"),
+                       ({"json": "[1, 2]"}, "structured_outputs.json"), ({"json": "{x"}, "structured_outputs.json"),
+                       ({"regex": ""}, "structured_outputs.regex"), ({"grammar": 3}, "structured_outputs.grammar"),
+                       ({"choice": ["a", ""]}, "structured_outputs.choice"),
+                       ({"choice": "ab"}, "structured_outputs.choice")]:
+        with pytest.raises(ValueError, match=field):
+            StructuredOutputsParams(**bad)
+    with pytest.raises(ValueError, match="structured_outputs must be a StructuredOutputsParams"):
+        SamplingParams(structured_outputs={"regex": "a"})
+    assert StructuredOutputsParams(json_object=True).kind == "json_object"
+    assert StructuredOutputsParams(choice=("a", "b")).choice == ["a", "b"]
+
+
+def test_cache_key_ignores_key_order_and_survives_the_wire():
+    a = StructuredOutputsParams(json={"type": "object", "properties": {"x": {"type": "integer"}}})
+    b = StructuredOutputsParams(json={"properties": {"x": {"type": "integer"}}, "type": "object"})
+    assert a.key() == b.key()
+    assert a.key() != StructuredOutputsParams(json=a.json, disable_any_whitespace=True).key()
+    params = SamplingParams(max_tokens=4, structured_outputs=a)
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=SamplingParams)  # API -> engine core
+    assert back.structured_outputs == a and back.structured_outputs.key() == a.key()
+
+
+def _req(**fields):
+    base = dict(response_format=None, structured_outputs=None, guided_json=None, guided_regex=None,
+                guided_choice=None, guided_grammar=None)
+    return SimpleNamespace(**{**base, **fields})
+
+
+def test_server_fields():
+    schema = {"type": "object"}
+    assert structured_outputs_of(_req()) == (None, None)
+    assert structured_outputs_of(_req(response_format={"type": "text"})) == (None, None)
+    so, field = structured_outputs_of(_req(response_format={"type": "json_schema",
+                                                            "json_schema": {"name": "x", "schema": schema}}))
+    assert (so.json, field) == (schema, "response_format")
+    assert structured_outputs_of(_req(response_format={"type": "json_object"}))[0].json_object
+    assert structured_outputs_of(_req(guided_choice=["a", "b"]))[0].choice == ["a", "b"]
+    assert structured_outputs_of(_req(guided_json='{"type": "object"}'))[0].json == '{"type": "object"}'
+    assert structured_outputs_of(_req(structured_outputs={"regex": "a+", "disable_any_whitespace": True}))[0].regex
+    for req, field in [(_req(response_format={"type": "json_schema"}), "response_format"),
+                       (_req(guided_regex="a", guided_choice=["a"]), "guided_regex"),
+                       (_req(structured_outputs={"regexp": "a"}), "structured_outputs"),
+                       (_req(guided_json="{nope"), "guided_json"),
+                       (_req(guided_choice=[]), "guided_choice")]:
+        with pytest.raises(ValueError) as e:
+            structured_outputs_of(req)
+        assert str(e.value).split(" ", 1)[0] == field, str(e.value)  # the server's 400 names the field
+    assert constraint_field(_req(guided_regex="a")) == "guided_regex"
+    assert constraint_field(SimpleNamespace(**vars(_req()), tools=[{}], tool_choice="required")) == "tools"
+
+
+def test_missing_xgrammar_names_the_extra(monkeypatch):
+    from vlite.structured_output.backend_xgrammar import import_xgrammar
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"vlite\[structured\]"):
+        import_xgrammar()
