@@ -106,6 +106,11 @@ def test_guided_fields_on_both_endpoints_and_streaming(server):
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
     ({"structured_outputs": {"regexp": "a"}}, "structured_outputs"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_regex"),
+    # streamed: the engine core's compile error still comes before the stream, as a 400
+    ({"stream": True, "guided_grammar": 'root ::= "a" ( '}, "guided_grammar"),
+    ({"stream": True, "n": 2, "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
+     "response_format"),
 ])
 def test_invalid_specs_are_400_naming_the_field(server, body, param):
     r = _chat(server, max_tokens=8, **body)
@@ -113,3 +118,15 @@ def test_invalid_specs_are_400_naming_the_field(server, body, param):
     err = r.json()["error"]
     assert err["param"] == param, err
     assert err["message"], err
+
+
+def test_streamed_completion_compile_error_is_a_400(server):
+    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=120, json={
+        "prompt": ["a", "b"], "stream": True, "max_tokens": 4, "guided_regex": "[a-"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "guided_regex"
+    # the server goes on serving constrained streams
+    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=120, json={
+        "prompt": "x", "stream": True, "max_tokens": 4, "guided_regex": "[a-c]{2}"})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert re.fullmatch("[a-c]{2}", "".join(c["choices"][0]["text"] for c in chunks)), r.text

@@ -60,6 +60,8 @@ class _Prepared:
     engine_input: Any = None
     # The request field of its structured-output constraint (a compile error is a 400 naming it).
     constraint_field: Optional[str] = None
+    # A stream's generation started early (see _start_constrained), its first output already taken.
+    started: Optional[AsyncIterator[RequestOutput]] = None
 
 
 @dataclass
@@ -165,7 +167,7 @@ class OpenAIServing:
 
         async def pump(i: int, p: _Prepared) -> None:
             try:
-                async for out in self.engine.generate(p.engine_input):
+                async for out in p.started or self.engine.generate(p.engine_input):
                     await queue.put((i, out))
             except BaseException as e:  # forwarded to the consumer
                 await queue.put((i, e))
@@ -190,6 +192,24 @@ class OpenAIServing:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _start_constrained(self, prepared: list[_Prepared]) -> None:
+        """Streams under a structured-output constraint start before the response does: the engine core
+        compiles the grammar first, and one that does not compile is then a 400 (not an error event in
+        a 200 stream). The first output is kept for the stream."""
+        for p in prepared:
+            if p.constraint_field is None:
+                continue
+            gen = self.engine.generate(p.engine_input)
+            try:
+                first = await gen.__anext__()
+            except EngineBadRequestError as e:
+                await _close_started(prepared)
+                raise OpenAIError(str(e), 400, p.constraint_field) from None
+            except BaseException:
+                await _close_started(prepared)
+                raise
+            p.started = _chain(first, gen)
+
     # ---- completions --------------------------------------------------------------------------
 
     async def create_completion(self, request: CompletionRequest) -> Any:
@@ -204,6 +224,7 @@ class OpenAIServing:
                     for i, (text, ids) in enumerate(prompts)]
         echo = await self.run_tokenizer(self._echo_texts, prompts, prepared) if request.echo else None
         if request.stream:
+            await self._start_constrained(prepared)
             return self._completion_stream(request, prepared, base_id, model, echo)
         return self._completion_full(request, prepared, base_id, model, echo)  # awaited by the route
 
@@ -390,6 +411,7 @@ class OpenAIServing:
         if tools is not None and tools.choice != "auto":
             prepared[0].constraint_field = "tools"  # the schema (compiled in the engine) comes from the tools
         if request.stream:
+            await self._start_constrained(prepared)
             return self._chat_stream(request, prepared, base_id, model, tools)
         return self._chat_full(request, prepared, base_id, model, tools)  # awaited by the route
 
@@ -517,6 +539,22 @@ def _template_tool_call(i: int, tc: Any) -> dict[str, Any]:
     except ValueError:
         raise OpenAIError(f"messages: tool_calls[{i}].function.arguments is not valid JSON", 400, "messages") from None
     return {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": arguments}}
+
+
+async def _chain(first: RequestOutput, rest: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    try:
+        yield first
+        async for out in rest:
+            yield out
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]  # aborts the request if it is still running
+
+
+async def _close_started(prepared: list[_Prepared]) -> None:
+    for p in prepared:
+        if p.started is not None:
+            await p.started.aclose()  # type: ignore[attr-defined]
+            p.started = None
 
 
 def _finite(x: float) -> float:
