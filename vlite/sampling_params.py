@@ -42,6 +42,36 @@ def _as_list(value: object, name: str) -> list:
     raise ValueError(f"{name} must be a list, got {value!r}")
 
 
+# JSON Schema keywords xgrammar compiles but does not enforce (measured on xgrammar 0.2.9: an instance breaking
+# each one completes the grammar): refused up front, as vLLM refuses schemas its xgrammar backend cannot follow.
+_UNENFORCED_KEYWORDS = frozenset({"uniqueItems", "contains", "minContains", "maxContains", "not", "if", "then",
+                                  "else", "dependentRequired", "dependentSchemas", "dependencies"})
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+_SCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")  # a schema or a list of schemas
+_SCHEMA_VALUES = ("additionalProperties", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
+                  "propertyNames", "contains", "not", "if", "then", "else")
+
+
+def _unenforced_keywords(schema: Any, path: str = "") -> list[str]:
+    """'keyword at path' for every unenforced keyword in a schema, following only the keywords whose
+    values are schemas (a property named "not" is no keyword; enum / const / default values are data)."""
+    if not isinstance(schema, dict):
+        return []
+    here = path.rstrip(".") or "the root"
+    found = [f"{k} at {here}" for k in sorted(_UNENFORCED_KEYWORDS & schema.keys())]
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                found += _unenforced_keywords(sub, f"{path}{key}.{name}.")
+        elif key in _SCHEMA_LISTS:
+            for i, sub in enumerate(value if isinstance(value, list) else [value]):
+                found += _unenforced_keywords(sub, f"{path}{key}.{i}." if isinstance(value, list) else
+                                              f"{path}{key}.")
+        elif key in _SCHEMA_VALUES:
+            found += _unenforced_keywords(value, f"{path}{key}.")
+    return found
+
+
 @dataclass
 class StructuredOutputsParams:
     """Constrain a request's output (vLLM's names): exactly one of `json` (a JSON schema, as a dict
@@ -74,6 +104,11 @@ class StructuredOutputsParams:
             if not isinstance(parsed, (dict, bool)):
                 raise ValueError("structured_outputs.json must be a JSON schema (an object), got "
                                  f"{type(parsed).__name__}")
+            unenforced = _unenforced_keywords(parsed)
+            if unenforced:
+                raise ValueError("structured_outputs.json uses JSON Schema keywords the grammar backend does not "
+                                 f"enforce (output could break them): {', '.join(unenforced)}; unsupported: "
+                                 f"{', '.join(sorted(_UNENFORCED_KEYWORDS))}")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -71,3 +71,37 @@ def test_missing_xgrammar_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
     with pytest.raises(ImportError, match=r"vlite\[structured\]"):
         import_xgrammar()
+
+
+# keyword -> (a schema using it, an instance breaking it)
+_P = {"a": {"type": "integer"}, "b": {"type": "integer"}}
+UNENFORCED = {
+    "uniqueItems": ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]"),
+    "contains": ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, "[1]"),
+    "not": ({"not": {"type": "integer"}}, "1"),
+    "if": ({"type": "object", "properties": _P, "if": {"properties": {"a": {"const": 1}}, "required": ["a"]},
+            "then": {"required": ["b"]}}, '{"a": 1}'),
+    "dependentRequired": ({"type": "object", "properties": _P, "dependentRequired": {"a": ["b"]}}, '{"a": 1}'),
+    "dependentSchemas": ({"type": "object", "properties": _P, "dependentSchemas": {"a": {"required": ["b"]}}},
+                         '{"a": 1}'),
+    "dependencies": ({"type": "object", "properties": _P, "dependencies": {"a": ["b"]}}, '{"a": 1}'),
+}
+
+
+@pytest.mark.parametrize("keyword", sorted(UNENFORCED))
+def test_keywords_the_backend_cannot_enforce_are_refused_by_name(keyword: str) -> None:
+    """Each refused keyword is one xgrammar compiles but ignores (an instance breaking it completes the
+    grammar: if an xgrammar upgrade enforces one, this fails and the keyword leaves the list); the error
+    names the keyword and where it is; property names and enum data that look like keywords are not refused."""
+    import json
+
+    xgr = pytest.importorskip("xgrammar")
+    schema, breaking = UNENFORCED[keyword]
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(xgr.TokenizerInfo([chr(c) for c in range(32, 127)]))
+                                 .compile_json_schema(json.dumps(schema), any_whitespace=False))
+    assert matcher.accept_string(breaking) and matcher.is_completed()
+    nested = {"type": "object", "properties": {"x": schema}}
+    with pytest.raises(ValueError, match=f"structured_outputs.json .*{keyword} at properties.x"):
+        StructuredOutputsParams(json=nested)
+    lookalike = {"type": "object", "properties": {keyword: {"type": "integer"}}, "enum": [{keyword: 1}]}
+    assert StructuredOutputsParams(json=lookalike).kind == "json"

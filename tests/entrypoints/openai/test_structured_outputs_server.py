@@ -106,6 +106,9 @@ def test_guided_fields_on_both_endpoints_and_streaming(server):
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
     ({"structured_outputs": {"regexp": "a"}}, "structured_outputs"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_regex"),
+    # a keyword the grammar backend would silently ignore
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "array", "items": {"type": "integer"}, "uniqueItems": True}}}}, "response_format"),
     # streamed: the engine core's compile error still comes before the stream, as a 400
     ({"stream": True, "guided_grammar": 'root ::= "a" ( '}, "guided_grammar"),
     ({"stream": True, "n": 2, "response_format": {"type": "json_schema",
