@@ -76,7 +76,6 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str, Weight]]:
     """Read config and all weights of a GGUF file (dense ones cast to ``dtype``)."""
     import gguf
-    from gguf.quants import dequantize
 
     reader = gguf.GGUFReader(str(path))
     config = ModelArchConfig.from_gguf_metadata(reader)
@@ -104,29 +103,19 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str
         if permuted:  # rows back from llama.cpp's interleaved-rotary order
             n_head = (config.num_attention_heads if ".self_attn.q_proj." in hf_name else
                       config.num_key_value_heads if ".self_attn.k_proj." in hf_name else None)
-        try:
-            packed = to_packed(t.data, t.tensor_type, shape) if len(shape) == 2 else None
-        except ValueError as e:  # a GGUF type vlite cannot read: name the file and the tensor too
-            raise ValueError(f"{path}: tensor {t.name!r}: {e}") from e
-        if packed is not None:
+        value = _packed_or_dense(path, t.name, t.data, t.tensor_type, shape)
+        if isinstance(value, PackedTensors):
             if n_head is not None:  # rows are independent in the packed layout: reorder them
-                packed = packed.rows(torch.from_numpy(unpermute_qk(np.arange(shape[0]), n_head)))
-            weights[hf_name] = packed
+                value = value.rows(torch.from_numpy(unpermute_qk(np.arange(shape[0]), n_head)))
+            weights[hf_name] = value
             continue
-        if t.tensor_type.name not in DENSE_TYPES:
-            raise ValueError(f"{path}: tensor {t.name!r} has GGUF type {t.tensor_type.name}, which vlite cannot read; "
-                             f"supported: {DENSE_TYPES + SUPPORTED_TYPES}")
-        arr = dequantize(t.data, t.tensor_type).reshape(shape)
         if n_head is not None:
-            arr = unpermute_qk(arr, n_head)
+            value = unpermute_qk(value, n_head)
         if config.norm_unit_offset and hf_name.endswith("norm.weight"):
             # llama.cpp's converter stores Gemma's RMSNorm weights with the 1 of (1 + weight) added
             # (ggml multiplies by the weight as is); back to the checkpoint's meaning
-            arr = arr.astype(np.float64) - 1.0
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
-            arr = arr.copy()
-        weights[hf_name] = torch.from_numpy(arr).to(dtype)
+            value = value.astype(np.float64) - 1.0
+        weights[hf_name] = _to_torch(value, dtype)
 
     _check_complete(path, config, weights)
     if linear_types:
@@ -139,8 +128,6 @@ def _split_experts(path: Path, t: Any, config: ModelArchConfig, layer: int, part
                    dtype: torch.dtype) -> dict[str, Weight]:
     """One stacked expert tensor [experts, rows, K] -> each expert's 2-D weight under the checkpoint's
     name; quantized ones stay in their blocks (each expert's rows are whole blocks of the stack)."""
-    from gguf.quants import dequantize
-
     e_count, rows, k = (int(d) for d in reversed(t.shape.tolist()))
     if e_count != config.num_experts:
         raise ValueError(f"{path}: tensor {t.name!r} holds {e_count} experts, the metadata says {config.num_experts}")
@@ -148,16 +135,34 @@ def _split_experts(path: Path, t: Any, config: ModelArchConfig, layer: int, part
     out: dict[str, Weight] = {}
     for e in range(e_count):
         hf_name = f"model.layers.{layer}.{config.moe_prefix}.experts.{e}.{name}.weight"
-        try:
-            packed = to_packed(t.data[e], t.tensor_type, (rows, k))
-        except ValueError as err:
-            raise ValueError(f"{path}: tensor {t.name!r}: {err}") from err
-        if packed is None:
-            arr = np.array(dequantize(t.data[e], t.tensor_type).reshape(rows, k), dtype=np.float32)
-            out[hf_name] = torch.from_numpy(arr).to(dtype)
-        else:
-            out[hf_name] = packed
+        value = _packed_or_dense(path, t.name, t.data[e], t.tensor_type, (rows, k))
+        out[hf_name] = value if isinstance(value, PackedTensors) else _to_torch(value, dtype)
     return out
+
+
+def _packed_or_dense(path: Path, name: str, data: np.ndarray, qtype: Any,
+                     shape: tuple[int, ...]) -> Union[PackedTensors, np.ndarray]:
+    """One tensor's data: a quantized matrix in its own blocks, anything dense as an array of `shape`;
+    a GGUF type vlite cannot read is an error naming the file and the tensor."""
+    from gguf.quants import dequantize
+
+    try:
+        packed = to_packed(data, qtype, shape) if len(shape) == 2 else None
+    except ValueError as e:
+        raise ValueError(f"{path}: tensor {name!r}: {e}") from e
+    if packed is not None:
+        return packed
+    if qtype.name not in DENSE_TYPES:
+        raise ValueError(f"{path}: tensor {name!r} has GGUF type {qtype.name}, which vlite cannot read; "
+                         f"supported: {DENSE_TYPES + SUPPORTED_TYPES}")
+    return dequantize(data, qtype).reshape(shape)
+
+
+def _to_torch(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
+        arr = arr.copy()
+    return torch.from_numpy(arr).to(dtype)
 
 
 def _check_complete(path: Path, config: ModelArchConfig, weights: dict[str, Weight]) -> None:
