@@ -20,7 +20,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata, paged_attention
+from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata
+from vlite.attention.selector import paged_attention
 from vlite.layers.layernorm import rms_norm
 from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
 from vlite.layers.quantization import QuantizationPlan, linear

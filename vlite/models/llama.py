@@ -53,8 +53,10 @@ class LlamaForCausalLM(CausalLM):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
+        if self._fused_layers is None:  # also every non-CPU backend's metadata (no decode group)
+            return super().forward(input_ids, positions, kv_caches, attn_metadata)
         d = attn_metadata.decode
-        if (self._fused_layers is None or attn_metadata.prefills or d is None
+        if (attn_metadata.prefills or d is None
                 or input_ids.shape[0] > self._fused_max_tokens or self.dtype not in (torch.float32, torch.bfloat16)):
             return super().forward(input_ids, positions, kv_caches, attn_metadata)
         # every token a decode: one C++ call per layer

@@ -1,0 +1,65 @@
+"""Paged attention on CUDA with vlite's Triton kernels: one launch writes the step's K/V, one
+attends for every request of the step (prefill chunks and decodes together).
+
+It reads the same runner inputs and the same KV cache layout as the CPU backend (torch_sdpa), so
+the runner feeds both alike; unlike it, the metadata is only the device tensors themselves (the
+kernel derives masks and windows per program), which also makes it fit for CUDA-graph capture:
+a captured step's metadata points at static buffers that each replay refills.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from vlite.attention.backends.torch_sdpa import get_kv_cache_shape
+from vlite.attention.ops.triton_reshape_and_cache import reshape_and_cache
+from vlite.attention.ops.triton_unified_attention import unified_attention
+from vlite.profiler import section
+
+__all__ = ["TritonAttentionBackend", "TritonAttentionMetadata", "get_kv_cache_shape"]
+
+
+@dataclass
+class TritonAttentionMetadata:
+    num_actual_tokens: int
+    slot_mapping: torch.Tensor  # [T] where each token's K/V is written; < 0: a padded row, not written
+    query_start_loc: torch.Tensor  # [B + 1]
+    seq_lens: torch.Tensor  # [B]
+    block_table: torch.Tensor  # [B, max_blocks]
+    max_query_len: int  # sizes the kernel's grid (host int: no device read)
+
+    def for_window(self, window: int) -> TritonAttentionMetadata:
+        """Every window reads the same metadata: the kernel applies the window itself."""
+        return self
+
+    def paged_attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                        scale: float, window: int = 0, softcap: Optional[float] = None) -> torch.Tensor:
+        """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D] (the CPU backend's contract)."""
+        with section("attention"):
+            reshape_and_cache(key, value, kv_cache, self.slot_mapping)
+            return unified_attention(query, kv_cache[0], kv_cache[1], self.block_table, self.query_start_loc,
+                                     self.seq_lens, self.max_query_len, scale, window, softcap)
+
+
+class TritonAttentionBackend:
+    """The backend interface the runner uses (see vlite.attention.selector)."""
+
+    name = "TRITON_ATTN"
+    get_kv_cache_shape = staticmethod(get_kv_cache_shape)
+
+    @staticmethod
+    def load_kernels() -> None:
+        """Nothing to load ahead: Triton compiles each kernel variant at its first launch."""
+
+    @staticmethod
+    def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                       slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
+                       max_query_len: Optional[int] = None) -> TritonAttentionMetadata:
+        """The inputs on the device already; `max_query_len` from the host (None: read back, a sync)."""
+        if max_query_len is None:
+            max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        return TritonAttentionMetadata(int(slot_mapping.shape[0]), slot_mapping, query_start_loc, seq_lens,
+                                       block_table, max_query_len)

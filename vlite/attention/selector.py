@@ -1,0 +1,53 @@
+"""Which attention backend runs on which device, and the one call the model's layers make.
+
+    get_attn_backend(cpu)   -> TorchSDPABackend       (vlite.attention.backends.torch_sdpa)
+    get_attn_backend(cuda)  -> TritonAttentionBackend (vlite.attention.backends.triton_attn: imports triton)
+
+The GPU backend is imported lazily, so CPU users never import Triton. A backend has
+get_kv_cache_shape, load_kernels and build_metadata (same inputs on both; the CPU one ignores
+max_query_len); the layers call paged_attention here with whichever metadata the runner built.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from vlite.attention.backends import torch_sdpa
+
+
+class TorchSDPABackend:
+    """The CPU backend's module functions behind the backend interface."""
+
+    name = "TORCH_SDPA"
+    get_kv_cache_shape = staticmethod(torch_sdpa.get_kv_cache_shape)
+    load_kernels = staticmethod(torch_sdpa.load_kernels)
+
+    @staticmethod
+    def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                       slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
+                       max_query_len: Optional[int] = None) -> torch_sdpa.TorchSDPAMetadata:
+        return torch_sdpa.build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, block_size, windows)
+
+
+def get_attn_backend(device: torch.device) -> Any:
+    """The backend class for `device` ("cpu" or "cuda")."""
+    if device.type == "cpu":
+        return TorchSDPABackend
+    if device.type == "cuda":
+        try:
+            from vlite.attention.backends.triton_attn import TritonAttentionBackend
+        except ImportError as e:
+            raise ImportError(f"device='cuda' needs triton for its attention kernels ({e}); "
+                              "install vlite's `gpu` extra") from e
+        return TritonAttentionBackend
+    raise ValueError(f"no attention backend for device {device.type!r}; device must be 'cpu' or 'cuda'")
+
+
+def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                    metadata: Any, scale: float, window: int = 0, softcap: Optional[float] = None) -> torch.Tensor:
+    """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D], through the backend that built `metadata`."""
+    if isinstance(metadata, torch_sdpa.TorchSDPAMetadata):
+        return torch_sdpa.paged_attention(query, key, value, kv_cache, metadata, scale, window, softcap)
+    return metadata.paged_attention(query, key, value, kv_cache, scale, window, softcap)
