@@ -104,8 +104,49 @@ class SchedulerConfig:
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.policy!r}")
 
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: str = "auto"  # "auto": CUDA when torch sees a GPU, else the CPU
+    enforce_eager: bool = False  # CUDA: no CUDA graphs (every step runs eagerly)
+    # CUDA: the share of the GPU's memory the engine may hold (weights, activations, KV cache); the KV
+    # cache gets what is left of it. Ignored on the CPU and where kv_cache_memory_bytes is given.
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")
+
+    def resolve(self) -> str:
+        """"cpu" or "cuda"; device="cuda" without a GPU torch can use is an error here, before any work."""
+        if self.device == "cpu":
+            return "cpu"
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda"
+        if self.device == "auto":
+            return "cpu"
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(f"device='cuda' but torch sees no GPU (torch {torch.__version__} is {build}); "
+                         "use device='cpu' or 'auto', or install torch's CUDA build (README, GPU)")
+
+
+def resolve_dtype_name(model_config: ModelConfig, device: str) -> str:
+    """dtype="auto" is bfloat16 on a GPU, and on a CPU what ModelConfig picks for it."""
+    if model_config.dtype == "auto" and device == "cuda":
+        return "bfloat16"
+    return model_config.torch_dtype_name
+
+
 @dataclass(frozen=True)
 class VliteConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)

@@ -26,14 +26,15 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> Reference:
     # Only the last position's logits: a 600-token prompt over Gemma's 262,144-token vocabulary would
     # otherwise compute (and hold) 630 MB of logits nobody reads.
     last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-    out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True, **last)
+    device = next(model.parameters()).device  # the reference runs where the model is (a GPU: VLITE_TEST_DEVICE)
+    out = model(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True, **last)
     past, logits = getattr(out, name), out.logits[0, -1]
     tokens, lps = [], []
     for _ in range(max_new_tokens):
-        lps.append(torch.log_softmax(logits.float(), -1))
+        lps.append(torch.log_softmax(logits.float(), -1).cpu())
         token = int(logits.argmax())
         tokens.append(token)
-        out = model(input_ids=torch.tensor([[token]]), use_cache=True, **{name: past})
+        out = model(input_ids=torch.tensor([[token]], device=device), use_cache=True, **{name: past})
         past, logits = getattr(out, name), out.logits[0, -1]
     return Reference(tokens, torch.stack(lps))
 

@@ -205,8 +205,20 @@ def _llama_cpp_rotary_order(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def reference_device() -> str:
+    """Where transformers' references run: VLITE_TEST_DEVICE (scripts/gpu_check.py sets cuda), else the CPU.
+    vlite itself runs on device="auto": the GPU where there is one."""
+    import os
+
+    return os.environ.get("VLITE_TEST_DEVICE", "cpu")
+
+
 def references(model: Any, prompt_ids: list[list[int]], max_new: int = MAX_NEW) -> list[Reference]:
-    return [hf_greedy(model, p, max_new) for p in prompt_ids]
+    model.to(reference_device())
+    try:
+        return [hf_greedy(model, p, max_new) for p in prompt_ids]
+    finally:
+        model.to("cpu")  # the tests save and convert it from the CPU
 
 
 def run_vlite(model_path: Path, prompt_ids: list[list[int]], **llm_kwargs: Any) -> tuple[Any, list[Any]]:

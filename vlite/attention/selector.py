@@ -10,6 +10,7 @@ max_query_len); the layers call paged_attention here with whichever metadata the
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Sequence
 
 import torch
@@ -31,15 +32,27 @@ class TorchSDPABackend:
         return torch_sdpa.build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, block_size, windows)
 
 
+BACKENDS = ("TORCH_SDPA", "TRITON_ATTN")
+
+
 def get_attn_backend(device: torch.device) -> Any:
-    """The backend class for `device` ("cpu" or "cuda")."""
-    if device.type == "cpu":
+    """The backend class for `device` ("cpu" or "cuda").
+
+    VLITE_ATTENTION_BACKEND (as vLLM's VLLM_ATTENTION_BACKEND) overrides the choice: TRITON_ATTN on a
+    CPU runs the Triton kernels under TRITON_INTERPRET=1 (tests: the whole engine on the GPU's kernels).
+    """
+    forced = os.environ.get("VLITE_ATTENTION_BACKEND", "").strip().upper()
+    if forced and forced not in BACKENDS:
+        raise ValueError(f"VLITE_ATTENTION_BACKEND must be one of {BACKENDS}, got {forced!r}")
+    if forced == "TORCH_SDPA" and device.type != "cpu":
+        raise ValueError("VLITE_ATTENTION_BACKEND=TORCH_SDPA runs on the CPU only")
+    if device.type == "cpu" and forced != "TRITON_ATTN":
         return TorchSDPABackend
-    if device.type == "cuda":
+    if device.type in ("cuda", "cpu"):
         try:
             from vlite.attention.backends.triton_attn import TritonAttentionBackend
         except ImportError as e:
-            raise ImportError(f"device='cuda' needs triton for its attention kernels ({e}); "
+            raise ImportError(f"the Triton attention backend (device='cuda') needs triton ({e}); "
                               "install vlite's `gpu` extra") from e
         return TritonAttentionBackend
     raise ValueError(f"no attention backend for device {device.type!r}; device must be 'cpu' or 'cuda'")

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
-from vlite.config import CacheConfig, ModelConfig, SchedulerConfig, VliteConfig
+from vlite.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VliteConfig, resolve_dtype_name
 from vlite.model_loader import ModelArchConfig, ResolvedModel, load_model_weights, resolve_model
 
 if TYPE_CHECKING:  # torch loads only where the model runs (the engine-core process), not in the API process
@@ -34,6 +34,9 @@ class EngineArgs:
     seed: int = 0
     chat_template: Optional[str] = None
     quantization: Optional[str] = None
+    device: str = "auto"
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.9
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -54,20 +57,35 @@ class EngineArgs:
         SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                         policy=self.scheduling_policy, long_prefill_token_threshold=self.long_prefill_token_threshold,
                         max_num_partial_prefills=self.max_num_partial_prefills)
+        device_config = DeviceConfig(device=self.device, enforce_eager=self.enforce_eager,
+                                     gpu_memory_utilization=self.gpu_memory_utilization)
+        device = device_config.resolve()
+        if device == "cuda" and self.quantization not in (None, "none"):
+            raise ValueError(f"quantization={self.quantization!r} runs vlite's CPU kernels only; with device='cuda' "
+                             "leave it unset or 'none' (weights are dense on the GPU)")
         resolved = resolve_model(self.model)
         import torch
 
-        from vlite.layers.quantization import plan_quantization
+        from vlite.layers.quantization import QuantizationPlan, plan_quantization
 
-        torch_dtype = getattr(torch, model_config.torch_dtype_name)
+        dtype_name = resolve_dtype_name(model_config, device)
+        torch_dtype = getattr(torch, dtype_name)
         arch, weights = load_model_weights(resolved, torch_dtype)
-        quantization = plan_quantization(self.quantization, arch.source_quantization, torch_dtype,
-                                         dtype_was_auto=self.dtype == "auto")
+        # On a GPU a quantized GGUF file is dequantized to dense weights at load, as quantization="none" does.
+        quantization = (QuantizationPlan(None) if device == "cuda" else
+                        plan_quantization(self.quantization, arch.source_quantization, torch_dtype,
+                                          dtype_was_auto=self.dtype == "auto"))
 
         from vlite.worker.model_runner import kv_cache_bytes_per_block
 
         bytes_per_block = kv_cache_bytes_per_block(arch, self.block_size, torch_dtype)
-        kv_bytes = cache_config.kv_bytes(bytes_per_block // self.block_size)
+        if device == "cuda" and cache_config.kv_cache_memory_bytes is None:
+            from vlite.worker.gpu_memory import kv_cache_bytes_from_gpu_memory
+
+            kv_bytes = kv_cache_bytes_from_gpu_memory(arch, weights, torch_dtype, device_config.gpu_memory_utilization,
+                                                      self.max_num_batched_tokens, self.max_num_seqs)
+        else:
+            kv_bytes = cache_config.kv_bytes(bytes_per_block // self.block_size)
         num_blocks = kv_bytes // bytes_per_block
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory_bytes ({kv_bytes}) is smaller than one KV block "
@@ -88,14 +106,14 @@ class EngineArgs:
             max_model_len=max_model_len, policy=self.scheduling_policy,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             max_num_partial_prefills=self.max_num_partial_prefills)
-        logger.info("vlite: model %s (%s, linear weights: %s), KV cache %d blocks x %d tokens = %d tokens (%.1f MiB), "
-                    "max_model_len %d", resolved.name, model_config.torch_dtype_name, quantization.describe(),
+        logger.info("vlite: model %s on %s (%s, linear weights: %s), KV cache %d blocks x %d tokens = %d tokens "
+                    "(%.1f MiB), max_model_len %d", resolved.name, device, dtype_name, quantization.describe(),
                     num_blocks, self.block_size, capacity,
                     num_blocks * bytes_per_block / 2**20, max_model_len)
         return LoadedEngineConfig(
-            config=VliteConfig(model_config, cache_config, scheduler_config), resolved=resolved, arch=arch,
-            weights=weights, torch_dtype=torch_dtype, quantization=quantization, num_kv_blocks=num_blocks,
-            eos_token_ids=tuple(arch.eos_token_ids))
+            config=VliteConfig(model_config, cache_config, scheduler_config, device_config), resolved=resolved,
+            arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization, num_kv_blocks=num_blocks,
+            eos_token_ids=tuple(arch.eos_token_ids), device=device)
 
 
 def _log_longrope(arch: ModelArchConfig, max_model_len: int) -> None:
@@ -125,6 +143,7 @@ class LoadedEngineConfig:
     quantization: QuantizationPlan
     num_kv_blocks: int
     eos_token_ids: tuple[int, ...]
+    device: str = "cpu"  # where the model runs: "cpu" or "cuda" (DeviceConfig.resolve)
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -32,7 +32,7 @@ class EngineCore:
         self.model_runner = ModelRunner(
             loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks, cache.block_size,
             cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids,
-            loaded.quantization)
+            loaded.quantization, device=loaded.device, enforce_eager=cfg.device_config.enforce_eager)
         loaded.weights = {}  # the model holds what it needs; drop the loader's references
         self._loaded_resolved = loaded.resolved
         self._tokenizer = tokenizer

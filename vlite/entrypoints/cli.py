@@ -94,8 +94,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="a .gguf file, a folder (Hugging Face safetensors or one .gguf) or a Hugging Face "
                             "repo id; default: the bundled SmolLM2-135M-Instruct")
     group.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
-                       help="weight and activation dtype; auto picks bfloat16 where the CPU has native bf16, "
-                            "else float32 (default: %(default)s)")
+                       help="weight and activation dtype; auto picks bfloat16 on a GPU and where the CPU has native "
+                            "bf16, else float32 (default: %(default)s)")
     group.add_argument("--quantization", "-q", default=d.quantization, choices=QUANTIZATION_CHOICES,
                        help="weight-only quantization of the linear layers: int8 (per channel) or int4 (groups "
                             "of 32; LM head int8) for every step, or none (dense --dtype weights). Default: "
@@ -131,6 +131,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--chat-template", default=d.chat_template, metavar="TEMPLATE",
                        help="a Jinja chat template, as a file path or a literal template string; "
                             "default: the model's own")
+    group.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
+                       help="where the model runs; auto: CUDA when torch sees a GPU, else the CPU "
+                            "(default: %(default)s)")
+    group.add_argument("--enforce-eager", action="store_true", default=d.enforce_eager,
+                       help="CUDA: run every step eagerly, without the CUDA graphs captured for decode steps")
+    group.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, metavar="F",
+                       help="CUDA: share of the GPU's memory for the engine (weights, activations, KV cache); "
+                            "the KV cache gets the rest unless --kv-cache-memory is given (default: %(default)s)")
     return parser
 
 

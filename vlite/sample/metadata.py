@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Optional
 
 import torch
@@ -32,6 +32,16 @@ class SamplingMetadata:
     min_tokens: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (rows, token ids) to suppress
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)  # row -> words
     output_token_lists: dict[int, list[int]] = field(default_factory=dict)  # row -> latest outputs
+
+    def to(self, device: torch.device) -> SamplingMetadata:
+        """The same metadata with its tensors on `device`; seeded rows' generators stay on the CPU,
+        where the sampler draws their uniforms."""
+        def move(x: object) -> object:
+            if isinstance(x, torch.Tensor):
+                return x.to(device, non_blocking=True)
+            return tuple(move(t) for t in x) if isinstance(x, tuple) else x
+
+        return replace(self, **{f.name: move(getattr(self, f.name)) for f in fields(self) if f.name != "generators"})
 
     @property
     def no_penalties(self) -> bool:

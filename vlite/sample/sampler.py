@@ -90,7 +90,7 @@ def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch
 
 def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[B, L] ids padded with vocab_size -> [B, V] occurrence counts."""
-    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=torch.int32)
+    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=torch.int32, device=token_ids.device)
     counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=torch.int32))
     return counts[:, :vocab_size]
 
@@ -154,6 +154,7 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     u = torch.rand(probs.shape[0], 1) if len(generators) < probs.shape[0] else torch.empty(probs.shape[0], 1)
     for row, gen in generators.items():
         u[row] = torch.rand(1, generator=gen)
+    u = u.to(probs.device, non_blocking=True)  # drawn on the CPU: seeded rows' generators live there
     # u * total < total, so some token's cumulative sum exceeds it.
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)

@@ -127,9 +127,9 @@ def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Opt
     if rows is not None:
         bitmask = bitmask[rows]
     bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :logits.shape[1]]
-    forbidden = torch.from_numpy(bits.view(np.bool_)).logical_not_()
+    forbidden = torch.from_numpy(bits.view(np.bool_)).logical_not_().to(logits.device, non_blocking=True)
     if rows is None:
         logits.masked_fill_(forbidden, float("-inf"))
     else:
-        index = torch.tensor(rows)
+        index = torch.tensor(rows, device=logits.device)
         logits[index] = logits[index].masked_fill_(forbidden, float("-inf"))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from vlite.attention.backends.torch_sdpa import build_metadata, get_kv_cache_shape, load_kernels
+from vlite.attention.selector import get_attn_backend
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from vlite.layers.quantization import QuantizationPlan
 from vlite.model_loader import ModelArchConfig
@@ -27,6 +27,7 @@ from vlite.profiler import section
 from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.sampler import Sampler, gather_logprobs
 from vlite.sampling_params import SamplingParams
+from vlite.worker.device_inputs import DeviceInputs
 from vlite.worker.input_batch import InputBatch
 
 if TYPE_CHECKING:
@@ -60,20 +61,27 @@ class _StepState:
 
 
 class ModelRunner:
+    device = torch.device("cpu")  # set per instance in __init__
+
     def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
-                 eos_token_ids: tuple[int, ...], quantization: QuantizationPlan = QuantizationPlan(None)) -> None:
+                 eos_token_ids: tuple[int, ...], quantization: QuantizationPlan = QuantizationPlan(None),
+                 device: str = "cpu", enforce_eager: bool = False) -> None:
         self.arch = arch
+        # Weights and KV caches live on `device`; per-step arrays are built on the CPU and sent in one copy.
+        self.device = torch.device(device)
+        self.attn_backend = get_attn_backend(self.device)
+        self._to_device = DeviceInputs(self.device)
         self.dtype = dtype
         self.block_size = block_size
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.quantization = quantization
-        self.model = build_model(arch, weights, quantization, dtype).eval()  # the class the registry names
+        self.model = build_model(arch, weights, quantization, dtype).eval().to(self.device)  # the registry's class
         self.attention_windows = arch.attention_windows  # one attention-metadata view per window, each step
-        load_kernels()
-        shape = get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(arch.num_hidden_layers)]
+        self.attn_backend.load_kernels()
+        shape = self.attn_backend.get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(arch.num_hidden_layers)]
         max_blocks_per_req = -(-(max_model_len + 1) // block_size)
         self._input_batch_args = (max_num_reqs, max_model_len, max_blocks_per_req, arch.vocab_size)
         self.input_batch = InputBatch(*self._input_batch_args)
@@ -84,6 +92,13 @@ class ModelRunner:
         # Fault injection for reliability tests: a step computing this token id raises.
         fault = os.environ.get("VLITE_FAULT_INJECT_TOKEN_ID")
         self._fault_token_id = int(fault) if fault else None
+        self.cuda_graphs = None  # all-decode steps replayed from CUDA graphs (vlite.worker.cuda_graphs)
+        if self.device.type == "cuda" and not enforce_eager:
+            from vlite.worker.cuda_graphs import CUDAGraphRunner
+
+            self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, self.attn_backend, block_size,
+                                               self.attention_windows, max_num_reqs, max_blocks_per_req, self.device)
+            self.cuda_graphs.capture()
 
     def reset(self) -> None:
         """Forget the batch after a step raised: the scheduler re-sends every request as new.
@@ -107,10 +122,19 @@ class ModelRunner:
             if self._fault_token_id is not None and bool((inputs["input_ids"] == self._fault_token_id).any()):
                 raise RuntimeError(f"injected fault: token id {self._fault_token_id} scheduled")
         with section("forward"):  # the paged_attention calls inside are timed as "attention"
-            hidden = self.model(inputs["input_ids"], inputs["positions"], self.kv_caches, inputs["attn_metadata"])
+            hidden = self._forward(inputs)
             logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
             prompt_logprobs = self._compute_prompt_logprobs(so=scheduler_output, hidden=hidden, inputs=inputs)
         self._step = _StepState(inputs["sample_req_ids"], inputs["sample_rows"], logits, prompt_logprobs)
+
+    def _forward(self, inputs: dict) -> torch.Tensor:
+        """The model's hidden states for the step: a CUDA-graph replay for all-decode steps, else eager."""
+        graphs = self.cuda_graphs
+        size = graphs.padded_size(len(inputs["rows"]), int(inputs["query_start_loc"][-1])) if graphs else None
+        if size is None:
+            return self.model(inputs["input_ids"], inputs["positions"], self.kv_caches, inputs["attn_metadata"])
+        md = inputs["attn_metadata"]
+        return graphs.run(size, inputs["input_ids"], inputs["positions"], md.slot_mapping, md.seq_lens, md.block_table)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -164,15 +188,17 @@ class ModelRunner:
         sample_mask = np.fromiter((r in so.sample_req_ids for r in req_ids), dtype=bool, count=len(req_ids))
         logits_indices = (query_start_loc[1:] - 1)[sample_mask]
 
-        block_table = batch.block_table[rows]
-        attn_metadata = build_metadata(torch.from_numpy(query_start_loc), torch.from_numpy(seq_lens),
-                                       torch.from_numpy(block_table), torch.from_numpy(slot_mapping),
-                                       self.block_size, self.attention_windows)
+        dev = self._to_device(dict(input_ids=input_ids, positions=positions, query_start_loc=query_start_loc,
+                                   seq_lens=seq_lens, block_table=batch.block_table[rows], slot_mapping=slot_mapping,
+                                   logits_indices=logits_indices))
+        attn_metadata = self.attn_backend.build_metadata(
+            dev["query_start_loc"], dev["seq_lens"], dev["block_table"], dev["slot_mapping"], self.block_size,
+            self.attention_windows, max_query_len=int(num_scheduled.max()))
         return {
-            "input_ids": torch.from_numpy(input_ids),
-            "positions": torch.from_numpy(positions),
+            "input_ids": dev["input_ids"],
+            "positions": dev["positions"],
             "attn_metadata": attn_metadata,
-            "logits_indices": torch.from_numpy(logits_indices),
+            "logits_indices": dev["logits_indices"],
             "sample_req_ids": [r for r, m in zip(req_ids, sample_mask) if m],
             "sample_rows": rows[sample_mask],
             "req_ids": req_ids,
@@ -202,7 +228,7 @@ class ModelRunner:
                 continue
             q0 = int(inputs["query_start_loc"][i])
             logprobs = torch.log_softmax(self.model.compute_logits(hidden[q0 + first - start:q0 + end - start]), -1)
-            targets = torch.from_numpy(batch.token_ids[row, first + 1:end + 1].copy())
+            targets = torch.from_numpy(batch.token_ids[row, first + 1:end + 1].copy()).to(self.device)
             k = params.prompt_logprobs if params.prompt_logprobs >= 0 else self.vocab_size
             lt = gather_logprobs(logprobs, min(k, self.vocab_size), targets)
             out[req_id] = (lt.token_ids.tolist(), lt.logprobs.tolist(), lt.ranks.tolist())
@@ -222,7 +248,7 @@ class ModelRunner:
             with section("grammar_mask"):
                 self._apply_grammar_bitmask(step, grammar_output)
         out = self.sampler(step.logits, metadata)
-        sampled = out.sampled_token_ids
+        sampled = out.sampled_token_ids.cpu()  # the step's one read-back from the device
 
         # Append the sampled tokens to the persistent batch: they are the next step's inputs.
         batch = self.input_batch
@@ -274,6 +300,8 @@ class ModelRunner:
         md = self._build_sampling_metadata(rows)
         per_step = (not md.no_penalties or md.min_tokens is not None or md.disallowed_mask is not None
                     or md.logit_bias is not None or md.bad_words_token_ids or (b.min_tokens[rows] > 0).any())
+        if self.device.type != "cpu":
+            md = md.to(self.device)
         self._md_cache = None if per_step else (key, md)
         return md
 

@@ -1,0 +1,61 @@
+"""Device options: validated with the field and its limit named, before any model work; dtype="auto" is
+bfloat16 on a GPU (the CLI flags: tests/entrypoints/test_cli.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlite.config import DeviceConfig, ModelConfig, resolve_dtype_name
+from vlite.engine.arg_utils import EngineArgs
+
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without a GPU")
+
+
+@pytest.mark.parametrize("kwargs,field", [(dict(device="tpu"), "device"), (dict(device="CUDA"), "device"),
+                                          (dict(gpu_memory_utilization=0), "gpu_memory_utilization"),
+                                          (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+                                          (dict(gpu_memory_utilization=True), "gpu_memory_utilization")])
+def test_bad_values_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        DeviceConfig(**kwargs)
+
+
+def test_resolve_without_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert DeviceConfig("auto").resolve() == "cpu"
+    assert DeviceConfig("cpu").resolve() == "cpu"
+    with pytest.raises(ValueError, match="device='cuda' but torch sees no GPU"):
+        DeviceConfig("cuda").resolve()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert DeviceConfig("auto").resolve() == "cuda"
+
+
+def test_auto_dtype_is_bfloat16_on_gpu():
+    assert resolve_dtype_name(ModelConfig(dtype="auto"), "cuda") == "bfloat16"
+    assert resolve_dtype_name(ModelConfig(dtype="float32"), "cuda") == "float32"
+    assert resolve_dtype_name(ModelConfig(dtype="auto"), "cpu") == ModelConfig().torch_dtype_name
+
+
+def _no_model_load(monkeypatch):
+    def fail(*a, **k):
+        raise AssertionError("the model was resolved before the device was validated")
+
+    monkeypatch.setattr("vlite.engine.arg_utils.resolve_model", fail)
+
+
+@no_gpu
+def test_cuda_without_gpu_fails_before_any_work(monkeypatch):
+    _no_model_load(monkeypatch)
+    with pytest.raises(ValueError, match="device='cuda'"):
+        EngineArgs(device="cuda").create_engine_config()
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        EngineArgs(gpu_memory_utilization=2.0).create_engine_config()
+
+
+def test_cpu_quantization_on_cuda_is_refused_before_any_work(monkeypatch):
+    _no_model_load(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="quantization='int8' runs vlite's CPU kernels only"):
+        EngineArgs(device="cuda", quantization="int8").create_engine_config()
+
