@@ -52,8 +52,8 @@ def test_gemma2_steps_match_cpu_backend(tmp_path: Path, triton_device) -> None:
     assert arch.attention_windows == (0, 8)
     assert get_attn_backend(torch.device("cuda")) is TritonAttentionBackend
     shape = TorchSDPABackend.get_kv_cache_shape(8, BLOCK_SIZE, arch.num_key_value_heads, arch.head_dim)
-    caches = {b: [torch.zeros(shape, device=triton_device) for _ in range(arch.num_hidden_layers)]
-              for b in (TorchSDPABackend, TritonAttentionBackend)}
+    devices = {TorchSDPABackend: torch.device("cpu"), TritonAttentionBackend: triton_device}
+    caches = {b: [torch.zeros(shape, device=d) for _ in range(arch.num_hidden_layers)] for b, d in devices.items()}
     gen = torch.Generator().manual_seed(0)
     steps = [[(0, 12, [5, 2]), (0, 5, [7])],
              [(12, 18, [5, 2]), (5, 1, [7]), (0, 3, [1])]]
@@ -62,14 +62,13 @@ def test_gemma2_steps_match_cpu_backend(tmp_path: Path, triton_device) -> None:
         ids = torch.randint(0, tiny.VOCAB_SIZE, (len(inputs["positions"]),), generator=gen)
         hidden = {}
         for backend, kv in caches.items():
-            dev = triton_device if backend is TritonAttentionBackend else torch.device("cpu")
+            dev = devices[backend]
             md = backend.build_metadata(*(inputs[k].to(dev) for k in ("query_start_loc", "seq_lens", "block_table",
                                                                       "slot_mapping")),
                                         BLOCK_SIZE, arch.attention_windows, max(n for _, n, _ in reqs))
             with torch.inference_mode():
                 model.to(dev)
-                hidden[backend] = model(ids.to(dev), inputs["positions"].to(dev), [c.to(dev) for c in kv], md).cpu()
-            caches[backend] = kv
+                hidden[backend] = model(ids.to(dev), inputs["positions"].to(dev), kv, md).cpu()
         torch.testing.assert_close(hidden[TritonAttentionBackend], hidden[TorchSDPABackend], atol=1e-4, rtol=1e-4)
     # Layer 0's K/V come from the same inputs: written bit for bit. Later layers' differ in the last bits
     # of the attention before them (another summation order).
