@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # Run HERE (the CPU machine), once per session, before scripts/gpu_check.py goes to the device machine:
-# downloads the wheels of vlite's dependencies that the device's image lacks into .whl/ (ignored by git,
+# downloads the wheels of vlite's dependencies that the device's image lacks into .whl/ (.gitignore'd,
 # carried with `carry: [".whl"]`). The image has torch (CUDA), triton, transformers, tokenizers,
 # safetensors, numpy, pytest, hypothesis; the offline engine and benchmarks need nothing else, the
 # tests' GGUF writer needs gguf, and the engine-core process path msgspec and pyzmq.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' "$(git rev-parse --git-common-dir)/info/exclude" 2>/dev/null \
-  || echo '/.whl/' >> "$(git rev-parse --git-common-dir)/info/exclude"
 rm -rf .whl && mkdir -p .whl
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64)

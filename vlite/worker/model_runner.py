@@ -93,7 +93,8 @@ class ModelRunner:
         fault = os.environ.get("VLITE_FAULT_INJECT_TOKEN_ID")
         self._fault_token_id = int(fault) if fault else None
         self.cuda_graphs = None  # all-decode steps replayed from CUDA graphs (vlite.worker.cuda_graphs)
-        if self.device.type == "cuda" and not enforce_eager:
+        # Mixture layers read expert counts back to the host (not capturable): they run eagerly.
+        if self.device.type == "cuda" and not enforce_eager and not arch.num_experts:
             from vlite.worker.cuda_graphs import CUDAGraphRunner
 
             self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, self.attn_backend, block_size,
