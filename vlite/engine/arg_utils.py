@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
-from vlite.config import CacheConfig, ModelConfig, SchedulerConfig, VliteConfig
+from vlite.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VliteConfig
 from vlite.model_loader import ModelArchConfig, ResolvedModel, load_model_weights, resolve_model
 
 if TYPE_CHECKING:  # torch loads only where the model runs (the engine-core process), not in the API process
@@ -34,6 +34,8 @@ class EngineArgs:
     seed: int = 0
     chat_template: Optional[str] = None
     quantization: Optional[str] = None
+    # vLLM's speculative_config: a dict, its JSON text, or a SpeculativeConfig; None: no speculation.
+    speculative_config: Any = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -54,6 +56,7 @@ class EngineArgs:
         SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                         policy=self.scheduling_policy, long_prefill_token_threshold=self.long_prefill_token_threshold,
                         max_num_partial_prefills=self.max_num_partial_prefills)
+        speculative_config = SpeculativeConfig.from_user(self.speculative_config)
         resolved = resolve_model(self.model)
         import torch
 
@@ -93,8 +96,8 @@ class EngineArgs:
                     num_blocks, self.block_size, capacity,
                     num_blocks * bytes_per_block / 2**20, max_model_len)
         return LoadedEngineConfig(
-            config=VliteConfig(model_config, cache_config, scheduler_config), resolved=resolved, arch=arch,
-            weights=weights, torch_dtype=torch_dtype, quantization=quantization, num_kv_blocks=num_blocks,
+            config=VliteConfig(model_config, cache_config, scheduler_config, speculative_config),
+            resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization, num_kv_blocks=num_blocks,
             eos_token_ids=tuple(arch.eos_token_ids))
 
 
