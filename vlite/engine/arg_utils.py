@@ -97,8 +97,8 @@ class EngineArgs:
                     num_blocks * bytes_per_block / 2**20, max_model_len)
         return LoadedEngineConfig(
             config=VliteConfig(model_config, cache_config, scheduler_config, speculative_config),
-            resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization, num_kv_blocks=num_blocks,
-            eos_token_ids=tuple(arch.eos_token_ids))
+            resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
+            num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids))
 
 
 def _log_longrope(arch: ModelArchConfig, max_model_len: int) -> None:
