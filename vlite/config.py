@@ -140,12 +140,13 @@ class SpeculativeConfig:
             raise ValueError(f"{name}.num_speculative_tokens must be an integer in [1, "
                              f"{MAX_NUM_SPECULATIVE_TOKENS}], got {k!r}")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        for key, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64):
+                raise ValueError(f"{name}.{key} must be an integer in [1, 64], got {value!r}")
         if lo is None and hi is None:
             lo = hi = self.DEFAULT_PROMPT_LOOKUP
         lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
-        for key, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
-                raise ValueError(f"{name}.{key} must be an integer in [1, 64], got {value!r}")
+        assert lo is not None and hi is not None
         if lo > hi:
             raise ValueError(f"{name}.prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
         object.__setattr__(self, "prompt_lookup_min", lo)

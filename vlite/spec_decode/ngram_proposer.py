@@ -44,7 +44,7 @@ class NgramProposer:
         match = np.zeros((num_reqs, length), dtype=np.int16)
         alive = np.ones((num_reqs, length), dtype=bool)
         alive[:, 0] = False
-        for j in range(1, self.max_n + 1):
+        for j in range(1, min(self.max_n, length - 1) + 1):
             last = tokens[rows, np.maximum(num_tokens - j, 0)]
             alive[:, j:] &= tokens[:, :length - j] == last[:, None]
             alive[:, :j] = False
