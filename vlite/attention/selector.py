@@ -5,7 +5,8 @@
 
 The GPU backend is imported lazily, so CPU users never import Triton. A backend has
 get_kv_cache_shape, load_kernels and build_metadata (same inputs on both; the CPU one ignores
-max_query_len); the layers call paged_attention here with whichever metadata the runner built.
+max_query_len, the Triton one max_decode_query_len: its kernel takes speculative verify chunks as the
+causal chunks they are); the layers call paged_attention here with whichever metadata the runner built.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ class TorchSDPABackend:
     @staticmethod
     def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                        slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
-                       max_query_len: Optional[int] = None) -> torch_sdpa.TorchSDPAMetadata:
-        return torch_sdpa.build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, block_size, windows)
+                       max_query_len: Optional[int] = None,
+                       max_decode_query_len: int = 1) -> torch_sdpa.TorchSDPAMetadata:
+        return torch_sdpa.build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, block_size, windows,
+                                         max_decode_query_len)
 
 
 BACKENDS = ("TORCH_SDPA", "TRITON_ATTN")

@@ -6,7 +6,8 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
-from vlite.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VliteConfig, resolve_dtype_name
+from vlite.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VliteConfig,
+                          resolve_dtype_name)
 from vlite.model_loader import ModelArchConfig, ResolvedModel, load_model_weights, resolve_model
 
 if TYPE_CHECKING:  # torch loads only where the model runs (the engine-core process), not in the API process
@@ -34,6 +35,8 @@ class EngineArgs:
     seed: int = 0
     chat_template: Optional[str] = None
     quantization: Optional[str] = None
+    # vLLM's speculative_config: a dict, its JSON text, or a SpeculativeConfig; None: no speculation.
+    speculative_config: Any = None
     device: str = "auto"
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.9
@@ -57,6 +60,7 @@ class EngineArgs:
         SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                         policy=self.scheduling_policy, long_prefill_token_threshold=self.long_prefill_token_threshold,
                         max_num_partial_prefills=self.max_num_partial_prefills)
+        speculative_config = SpeculativeConfig.from_user(self.speculative_config)
         device_config = DeviceConfig(device=self.device, enforce_eager=self.enforce_eager,
                                      gpu_memory_utilization=self.gpu_memory_utilization)
         device = device_config.resolve()
@@ -111,9 +115,9 @@ class EngineArgs:
                     num_blocks, self.block_size, capacity,
                     num_blocks * bytes_per_block / 2**20, max_model_len)
         return LoadedEngineConfig(
-            config=VliteConfig(model_config, cache_config, scheduler_config, device_config), resolved=resolved,
-            arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization, num_kv_blocks=num_blocks,
-            eos_token_ids=tuple(arch.eos_token_ids), device=device)
+            config=VliteConfig(model_config, cache_config, scheduler_config, speculative_config, device_config),
+            resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
+            num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids), device=device)
 
 
 def _log_longrope(arch: ModelArchConfig, max_model_len: int) -> None:

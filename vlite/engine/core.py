@@ -28,11 +28,12 @@ class EngineCore:
         # An all-sliding-window model (Mistral) frees the KV blocks behind the window as requests run.
         self.kv_cache_manager = KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
                                                sliding_window=loaded.arch.kv_sliding_window)
-        self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager)
+        self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager, cfg.speculative_config)
         self.model_runner = ModelRunner(
             loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks, cache.block_size,
             cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids,
-            loaded.quantization, device=loaded.device, enforce_eager=cfg.device_config.enforce_eager)
+            loaded.quantization, cfg.speculative_config, device=loaded.device,
+            enforce_eager=cfg.device_config.enforce_eager)
         loaded.weights = {}  # the model holds what it needs; drop the loader's references
         self._loaded_resolved = loaded.resolved
         self._tokenizer = tokenizer
@@ -88,7 +89,8 @@ class EngineCore:
             grammar_output = None
             if manager is not None and scheduler_output.sample_req_ids:
                 with section("grammar_bitmask"):
-                    grammar_output = manager.grammar_bitmask(self.scheduler.requests, scheduler_output.sample_req_ids)
+                    grammar_output = manager.grammar_bitmask(self.scheduler.requests, scheduler_output.sample_req_ids,
+                                                             scheduler_output.scheduled_spec_decode_tokens)
             with section("sample"):
                 model_output = self.model_runner.sample_tokens(grammar_output)
         except Exception as e:

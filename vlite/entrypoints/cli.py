@@ -128,6 +128,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "(default: %(default)s)")
     group.add_argument("--max-num-partial-prefills", type=_positive_int, default=d.max_num_partial_prefills,
                        metavar="N", help="prompts that may be partway through prefill at once (default: %(default)s)")
+    group.add_argument("--speculative-config", default=d.speculative_config, metavar="JSON",
+                       help='speculative decoding, as a JSON object with vLLM\'s keys, e.g. \'{"method": "ngram", '
+                            '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
+                            "(n-gram prompt lookup; default: off)")
     group.add_argument("--chat-template", default=d.chat_template, metavar="TEMPLATE",
                        help="a Jinja chat template, as a file path or a literal template string; "
                             "default: the model's own")

@@ -57,7 +57,7 @@ class TritonAttentionBackend:
     @staticmethod
     def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                        slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
-                       max_query_len: Optional[int] = None) -> TritonAttentionMetadata:
+                       max_query_len: Optional[int] = None, max_decode_query_len: int = 1) -> TritonAttentionMetadata:
         """The inputs on the device already; `max_query_len` from the host (None: read back, a sync)."""
         if max_query_len is None:
             max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
