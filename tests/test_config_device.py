@@ -58,4 +58,5 @@ def test_cpu_quantization_on_cuda_is_refused_before_any_work(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValueError, match="quantization='int8' runs vlite's CPU kernels only"):
         EngineArgs(device="cuda", quantization="int8").create_engine_config()
-
+    with pytest.raises(ValueError, match="speculative_config runs on the CPU only"):
+        EngineArgs(device="cuda", speculative_config={"num_speculative_tokens": 2}).create_engine_config()

@@ -67,6 +67,9 @@ class EngineArgs:
         if device == "cuda" and self.quantization not in (None, "none"):
             raise ValueError(f"quantization={self.quantization!r} runs vlite's CPU kernels only; with device='cuda' "
                              "leave it unset or 'none' (weights are dense on the GPU)")
+        if device == "cuda" and speculative_config is not None:
+            raise ValueError("speculative_config runs on the CPU only so far (its rejection sampler is CPU code); "
+                             "with device='cuda' leave it unset")
         resolved = resolve_model(self.model)
         import torch
 
