@@ -262,7 +262,8 @@ def main() -> int:
                             "tests/test_config_device.py"],
        timeout=120)
     sh("parity", pytest[:-1] + ["-s", "tests/models/test_llama.py", "tests/models/test_gemma2.py",
-                                "tests/models/test_mistral.py", "tests/models/test_qwen3.py"],
+                                "tests/models/test_mistral.py", "tests/models/test_qwen3.py",
+                                "-k", "not int8"],  # int8/int4 are CPU kernels: refused on CUDA
        timeout=180, env={"VLITE_TEST_DEVICE": "cuda"})
     stage("bf16_agreement", bf16_agreement)
     small = WORK / "smollm2-135m-shape"
