@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton kernels run on the GPU where there is one, else on the CPU under Triton's interpreter.
+# TRITON_INTERPRET is read when a @triton.jit function is decorated (triton's own, at `import triton`,
+# included), so it is set here, before anything imports triton; an explicit value in the environment wins.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -44,3 +52,14 @@ def llm_fp32():
     from vlite import LLM
 
     return LLM(dtype="float32", max_num_batched_tokens=128, kv_cache_memory_bytes=128 * 2**20)
+
+
+@pytest.fixture(scope="session")
+def triton_device() -> torch.device:
+    """Where the Triton kernels under test run (skips when they cannot run at all)."""
+    pytest.importorskip("triton", reason="triton is not installed (the `test` and `gpu` extras bring it)")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU and TRITON_INTERPRET is not 1: Triton kernels cannot run here")
+    return torch.device("cuda")

@@ -24,21 +24,6 @@ from vlite.models.registry import build_model
 BLOCK_SIZE = 16
 
 
-def _step(reqs: list[tuple[int, int, list[int]]], block_size: int) -> dict[str, torch.Tensor]:
-    """Runner inputs for (num_computed, num_scheduled, block ids) per request, as _prepare_inputs builds them."""
-    qsl, positions, slots, seq_lens = [0], [], [], []
-    width = max(len(b) for _, _, b in reqs)
-    table = torch.tensor([b + [0] * (width - len(b)) for _, _, b in reqs])
-    for computed, n, blocks in reqs:
-        pos = torch.arange(computed, computed + n)
-        positions.append(pos)
-        slots.append(torch.tensor(blocks)[pos // block_size] * block_size + pos % block_size)
-        qsl.append(qsl[-1] + n)
-        seq_lens.append(computed + n)
-    return dict(query_start_loc=torch.tensor(qsl), seq_lens=torch.tensor(seq_lens), block_table=table,
-                slot_mapping=torch.cat(slots), positions=torch.cat(positions))
-
-
 def test_gemma2_steps_match_cpu_backend(tmp_path: Path, triton_device) -> None:
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
@@ -58,7 +43,7 @@ def test_gemma2_steps_match_cpu_backend(tmp_path: Path, triton_device) -> None:
     steps = [[(0, 12, [5, 2]), (0, 5, [7])],
              [(12, 18, [5, 2]), (5, 1, [7]), (0, 3, [1])]]
     for reqs in steps:
-        inputs = _step(reqs, BLOCK_SIZE)
+        inputs = tiny.step_inputs(reqs, BLOCK_SIZE)
         ids = torch.randint(0, tiny.VOCAB_SIZE, (len(inputs["positions"]),), generator=gen)
         hidden = {}
         for backend, kv in caches.items():

@@ -205,6 +205,24 @@ def _llama_cpp_rotary_order(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def step_inputs(reqs: list[tuple[int, int, list[int]]], block_size: int,
+                width: int | None = None) -> dict[str, torch.Tensor]:
+    """One step's runner inputs for (num_computed, num_scheduled, block ids) per request, laid out as
+    ModelRunner._prepare_inputs lays them out (block-table rows padded with 0 to `width` columns)."""
+    width = width or max(len(b) for _, _, b in reqs)
+    qsl, pos, slots, seq_lens = [0], [], [], []
+    for computed, n, blocks in reqs:
+        p = np.arange(computed, computed + n)
+        pos.append(p)
+        slots.append(np.asarray(blocks)[p // block_size] * block_size + p % block_size)
+        qsl.append(qsl[-1] + n)
+        seq_lens.append(computed + n)
+    table = [b + [0] * (width - len(b)) for _, _, b in reqs]
+    arrays = dict(query_start_loc=np.array(qsl), seq_lens=np.array(seq_lens), block_table=np.array(table),
+                  slot_mapping=np.concatenate(slots), positions=np.concatenate(pos))
+    return {k: torch.from_numpy(v.astype(np.int64)) for k, v in arrays.items()}
+
+
 def reference_device() -> str:
     """Where transformers' references run: VLITE_TEST_DEVICE (scripts/gpu_check.py sets cuda), else the CPU.
     vlite itself runs on device="auto": the GPU where there is one."""
