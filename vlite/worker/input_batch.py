@@ -11,7 +11,6 @@ import heapq
 from typing import Optional
 
 import numpy as np
-import torch
 
 from vlite.sampling_params import SamplingParams
 
