@@ -10,7 +10,10 @@ from vlite import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow
 
-SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# "always": drafts whenever there is a match, beside requests without (the adaptive default would run few
+# verify steps in these small tests)
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+        "draft_policy": "always", "max_num_batched_draft_tokens": 64}
 ENGINE = dict(dtype="float32", max_num_batched_tokens=128, kv_cache_memory_bytes=128 * 2**20)
 
 
