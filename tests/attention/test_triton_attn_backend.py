@@ -80,7 +80,8 @@ def test_engine_on_triton_backend_matches_transformers(tmp_path: Path, triton_de
     print(tiny.assert_parity(completions, refs))
     if triton_device.type == "cpu":  # speculative decoding is CPU-only: its verify chunks through the kernel
         spec_llm, spec = tiny.run_vlite(folder, prompts, speculative_config={"num_speculative_tokens": 3,
-                                                                              "prompt_lookup_min": 1})
+                                                                              "prompt_lookup_min": 1,
+                                                                              "draft_policy": "always"})
         stats = spec_llm.llm_engine.engine_core.scheduler.spec_decoding_stats
         assert stats.num_accepted_tokens > 0, stats  # verify chunks ran, with drafts kept
         assert [c.token_ids for c in spec] == [c.token_ids for c in completions]

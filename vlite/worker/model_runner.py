@@ -27,7 +27,7 @@ from vlite.models.registry import build_model
 from vlite.profiler import section
 from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.rejection_sampler import rejection_sample
-from vlite.sample.sampler import Sampler, gather_logprobs
+from vlite.sample.sampler import Sampler, gather_logprobs, seeded_generator
 from vlite.sampling_params import SamplingParams
 from vlite.worker.device_inputs import DeviceInputs
 from vlite.worker.input_batch import InputBatch
@@ -49,7 +49,6 @@ class CachedRequestState:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    generator: torch.Generator | None
     # Prompt positions whose logprobs were already reported (a preempted request recomputes them).
     num_prompt_logprobs_done: int = 0
 
@@ -99,9 +98,11 @@ class ModelRunner:
         # 1 + k decodes, where a causal prefill chunk would leave the fast path.
         self.max_decode_query_len = 1
         if speculative_config is not None:
+            from vlite.spec_decode.draft_policy import DraftPolicy
             from vlite.spec_decode.ngram_proposer import NgramProposer
 
             self.proposer = NgramProposer(speculative_config)
+            self.draft_policy = DraftPolicy(speculative_config.num_speculative_tokens)
             self.max_decode_query_len = 1 + speculative_config.num_speculative_tokens
         self._step: _StepState | None = None
         self._md_cache: tuple[tuple[int, bytes], SamplingMetadata] | None = None
@@ -120,7 +121,7 @@ class ModelRunner:
     def reset(self) -> None:
         """Forget the batch after a step raised: the scheduler re-sends every request as new.
 
-        Request states are kept, so a seeded request's generator continues where it was.
+        Request states are kept (what prompt logprobs were reported).
         """
         self.input_batch = InputBatch(*self._input_batch_args)
         self._step = None
@@ -160,18 +161,14 @@ class ModelRunner:
             batch.remove_request(req_id)
             self.requests.pop(req_id, None)
         for req_id in so.preempted_req_ids:
-            batch.remove_request(req_id)  # keep the state: its generator must continue, not restart
+            batch.remove_request(req_id)  # keep the state: it resumes
         for new in so.scheduled_new_reqs:
             state = self.requests.get(new.req_id)
             if state is None:
-                params = new.sampling_params
-                gen = None
-                if params.seed is not None:
-                    gen = torch.Generator().manual_seed(params.seed)
-                state = CachedRequestState(new.req_id, new.prompt_token_ids, params, gen)
+                state = CachedRequestState(new.req_id, new.prompt_token_ids, new.sampling_params)
                 self.requests[new.req_id] = state
             batch.add_request(new.req_id, new.prompt_token_ids + new.output_token_ids, len(new.prompt_token_ids),
-                              new.num_computed_tokens, new.block_ids, state.sampling_params, state.generator)
+                              new.num_computed_tokens, new.block_ids, state.sampling_params)
         cached = so.scheduled_cached_reqs
         for req_id, new_block_ids, num_computed, num_blocks in zip(cached.req_ids, cached.new_block_ids,
                                                                     cached.num_computed_tokens,
@@ -293,6 +290,7 @@ class ModelRunner:
             counts = np.ones(len(rows), dtype=np.int64)
             token_lists = [[t] for t in out.sampled_token_ids.tolist()]
             lt = out.logprobs_tensors
+            num_drafts = num_accepted = np.zeros(len(rows), dtype=np.int64)
         else:
             counts = step.num_drafts + 1
             # Logits row i of request b scores the token after its first i drafts.
@@ -301,12 +299,12 @@ class ModelRunner:
             if grammar_output is not None:
                 with section("grammar_mask"):
                     self._apply_grammar_bitmask(step, grammar_output)
-            generators = {i: batch.generators[int(r)] for i, r in enumerate(rows) if int(r) in batch.generators}
             assert step.draft_token_ids is not None
-            verified = rejection_sample(step.logits, metadata, step.num_drafts, step.draft_token_ids, generators)
+            verified = rejection_sample(step.logits, metadata, step.num_drafts, step.draft_token_ids)
             token_lists = verified.output_token_ids
             counts = verified.num_accepted + 1
             lt = verified.logprobs_tensors
+            num_drafts, num_accepted = step.num_drafts, verified.num_accepted
 
         # Append the new tokens to the persistent batch: they are the next step's inputs.
         token_rows = np.repeat(rows, counts)
@@ -328,24 +326,35 @@ class ModelRunner:
                                                ranks[lo:hi])
         if self.proposer is not None:
             with section("propose"):
+                batch.spec_accepted[rows], batch.spec_rejected[rows] = self.draft_policy.update(
+                    batch.spec_accepted[rows], batch.spec_rejected[rows], num_drafts, num_accepted)
                 result.spec_token_ids = self._propose_drafts(step.req_ids, rows)
         self._step = None
         return result
 
     def _propose_drafts(self, req_ids: list[str], rows: np.ndarray) -> dict[str, list[int]]:
-        """Drafts for the next step, within its verify budget: past `max_verify_tokens` tokens (the
-        sampled requests and their drafts) a step is compute-bound on a CPU and drafts cost what they
-        save, so the budget goes to the first requests with a match and a busy batch gets none."""
+        """Drafts for the next step. Each request drafts what pays at its own acceptance so far
+        (DraftPolicy: verify tokens cost ~0.2 of a step each on a CPU). Drafts go only to a step where
+        every request sampled has some, so a request without a match never waits for others' drafts,
+        and within `max_verify_tokens` (sampled requests plus drafts): past it a CPU step is
+        compute-bound and drafts cost what they save, so a busy batch gets none."""
         config = self.speculative_config
         assert self.proposer is not None and config is not None
+        batch = self.input_batch
         budget = config.max_verify_tokens - len(rows)
         if budget <= 0 or (config.disable_by_batch_size is not None
-                           and self.input_batch.num_reqs > config.disable_by_batch_size):
+                           and batch.num_reqs > config.disable_by_batch_size):
             return {}
-        batch = self.input_batch
+        adaptive = config.draft_policy == "adaptive"
+        if adaptive:
+            wanted = self.draft_policy.num_drafts(batch.spec_accepted[rows], batch.spec_rejected[rows])
+            if not wanted.all():
+                return {}
+        else:
+            wanted = np.full(len(rows), config.num_speculative_tokens)
         drafts, num_drafts = self.proposer.propose(batch.token_ids[rows], batch.num_tokens[rows],
-                                                   np.full(len(rows), budget))
-        if not num_drafts.any():
+                                                   np.minimum(wanted, budget))
+        if not num_drafts.any() or (adaptive and not num_drafts.all()):
             return {}
         # Keep the budget: cut the drafts that would pass it.
         before = np.cumsum(num_drafts) - num_drafts
@@ -394,7 +403,8 @@ class ModelRunner:
             return cached[1]
         md = self._build_sampling_metadata(rows, offsets)
         per_step = (not md.no_penalties or md.min_tokens is not None or md.disallowed_mask is not None
-                    or md.logit_bias is not None or md.bad_words_token_ids or (b.min_tokens[rows] > 0).any())
+                    or md.logit_bias is not None or md.bad_words_token_ids or (b.min_tokens[rows] > 0).any()
+                    or md.generators)
         if self.device.type != "cpu":
             md = md.to(self.device)
         self._md_cache = None if per_step else (key, md)
@@ -422,7 +432,10 @@ class ModelRunner:
             top_p=col(top_p, 1.0),
             top_k=torch.from_numpy(np.where(top_k > 0, top_k, self.vocab_size)) if (top_k > 0).any() else None,
             min_p=col(min_p, 0.0),
-            generators={pos[0]: g for r, g in b.generators.items() if (pos := positions.get(r)) is not None},
+            # A seeded request draws the uniform of output token t from a generator keyed by (seed, t):
+            # its tokens then depend on nothing else, not even on how many drafts a step verified.
+            generators={i: seeded_generator(seed, int(num_tokens[i] - b.num_prompt_tokens[r]))
+                        for r, seed in b.seeds.items() if b.temperature[r] >= 1e-5 for i in positions.get(r, ())},
             max_num_logprobs=int(num_logprobs.max()) if (num_logprobs >= 0).any() else None,
             presence_penalties=col(b.presence_penalty[rows], 0.0),
             frequency_penalties=col(b.frequency_penalty[rows], 0.0),
