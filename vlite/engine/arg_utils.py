@@ -6,8 +6,8 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
-from vlite.config import CacheConfig, ModelConfig, SchedulerConfig, VliteConfig
-from vlite.model_loader import ModelArchConfig, ResolvedModel, load_model_weights, resolve_model
+from vlite.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VliteConfig
+from vlite.model_loader import ModelArchConfig, ResolvedModel, load_model_arch, load_model_weights, resolve_model
 
 if TYPE_CHECKING:  # torch loads only where the model runs (the engine-core process), not in the API process
     import torch
@@ -34,6 +34,8 @@ class EngineArgs:
     seed: int = 0
     chat_template: Optional[str] = None
     quantization: Optional[str] = None
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: Optional[str] = None  # uni | mp; None: uni for one rank, mp for more
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -54,13 +56,21 @@ class EngineArgs:
         SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                         policy=self.scheduling_policy, long_prefill_token_threshold=self.long_prefill_token_threshold,
                         max_num_partial_prefills=self.max_num_partial_prefills)
+        parallel_config = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
+                                         distributed_executor_backend=self.distributed_executor_backend)
         resolved = resolve_model(self.model)
         import torch
 
         from vlite.layers.quantization import plan_quantization
 
         torch_dtype = getattr(torch, model_config.torch_dtype_name)
-        arch, weights = load_model_weights(resolved, torch_dtype)
+        if parallel_config.backend == "uni":
+            arch, weights = load_model_weights(resolved, torch_dtype)
+        else:  # the workers load the weights, each its own shard (vlite.worker.worker)
+            arch, weights = load_model_arch(resolved, torch_dtype), {}
+            from vlite.distributed.tp_shard import plan_tp
+
+            plan_tp(arch, parallel_config.tensor_parallel_size)  # a model TP cannot split fails here, not in a worker
         quantization = plan_quantization(self.quantization, arch.source_quantization, torch_dtype,
                                          dtype_was_auto=self.dtype == "auto")
 
@@ -93,7 +103,7 @@ class EngineArgs:
                     num_blocks, self.block_size, capacity,
                     num_blocks * bytes_per_block / 2**20, max_model_len)
         return LoadedEngineConfig(
-            config=VliteConfig(model_config, cache_config, scheduler_config), resolved=resolved, arch=arch,
+            config=VliteConfig(model_config, cache_config, scheduler_config, parallel_config), resolved=resolved, arch=arch,
             weights=weights, torch_dtype=torch_dtype, quantization=quantization, num_kv_blocks=num_blocks,
             eos_token_ids=tuple(arch.eos_token_ids))
 

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import zmq
 import zmq.asyncio
 
+from vlite.config import ParallelConfig
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.core_messages import (EngineCoreOutputs, EngineCoreRequestType, EngineReady, UtilityCall,
                                         decode_outputs, encode)
@@ -45,7 +46,10 @@ class AsyncMPClient:
         self.output_socket = self.ctx.socket(zmq.PULL)
         self.output_socket.bind(output_addr)
         mp = multiprocessing.get_context("spawn")
-        self.proc = mp.Process(target=run_engine_core, name="vlite-engine-core", daemon=True,
+        # A daemonic process may not start children: with worker processes the engine core is not one
+        # (shutdown() still stops it, and its workers die with it).
+        workers = ParallelConfig(engine_args.tensor_parallel_size, engine_args.distributed_executor_backend).backend
+        self.proc = mp.Process(target=run_engine_core, name="vlite-engine-core", daemon=workers == "uni",
                                args=(engine_args, input_addr, output_addr, logging.getLogger("vlite").level
                                      or logging.WARNING))
         self.proc.start()

@@ -128,6 +128,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "(default: %(default)s)")
     group.add_argument("--max-num-partial-prefills", type=_positive_int, default=d.max_num_partial_prefills,
                        metavar="N", help="prompts that may be partway through prefill at once (default: %(default)s)")
+    group.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=d.tensor_parallel_size,
+                       metavar="N", help="ranks each layer's weights and KV cache are split over, one worker "
+                                         "process each (default: %(default)s)")
+    group.add_argument("--distributed-executor-backend", default=d.distributed_executor_backend,
+                       choices=["uni", "mp", "ray"],
+                       help="where the model runs: uni (in the engine-core process), mp (worker processes on "
+                            "this machine, torch.distributed/gloo between them); default: uni for one rank, "
+                            "mp for more; ray is not built yet")
     group.add_argument("--chat-template", default=d.chat_template, metavar="TEMPLATE",
                        help="a Jinja chat template, as a file path or a literal template string; "
                             "default: the model's own")

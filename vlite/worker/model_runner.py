@@ -20,6 +20,7 @@ import torch
 
 from vlite.attention.backends.torch_sdpa import build_metadata, get_kv_cache_shape, load_kernels
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
+from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.quantization import QuantizationPlan
 from vlite.model_loader import ModelArchConfig
 from vlite.models.registry import build_model
@@ -70,6 +71,7 @@ class ModelRunner:
         self.eos_token_ids = list(eos_token_ids)
         self.quantization = quantization
         self.model = build_model(arch, weights, quantization, dtype).eval()  # the class the registry names
+        self.tp = get_tp_group()  # tensor parallelism: rank 0 samples, the others take its tokens
         self.attention_windows = arch.attention_windows  # one attention-metadata view per window, each step
         load_kernels()
         shape = get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
@@ -217,12 +219,16 @@ class ModelRunner:
         if step is None or not step.req_ids:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[],
                                      prompt_logprobs=step.prompt_logprobs if step is not None else {})
+        if self.tp is not None and not self.tp.is_driver:
+            return self._take_driver_tokens(step)
         metadata = self._make_sampling_metadata(step.rows)
         if grammar_output is not None:
             with section("grammar_mask"):
                 self._apply_grammar_bitmask(step, grammar_output)
         out = self.sampler(step.logits, metadata)
         sampled = out.sampled_token_ids
+        if self.tp is not None:
+            self.tp.broadcast(sampled)
 
         # Append the sampled tokens to the persistent batch: they are the next step's inputs.
         batch = self.input_batch
@@ -243,6 +249,16 @@ class ModelRunner:
                     result.logprobs[req_id] = ([ids[i][:n + 1]], [lps[i][:n + 1]], [ranks[i]])
         self._step = None
         return result
+
+    def _take_driver_tokens(self, step: _StepState) -> ModelRunnerOutput:
+        """A rank other than 0 under tensor parallelism: rank 0's sampled tokens, appended to the batch
+        as the next step's inputs (one sampler, so seeded and random sampling agree on every rank)."""
+        sampled = self.tp.broadcast(torch.empty(len(step.req_ids), dtype=torch.int64))
+        batch = self.input_batch
+        batch.token_ids[step.rows, batch.num_tokens[step.rows]] = sampled.numpy()
+        batch.num_tokens[step.rows] += 1
+        self._step = None
+        return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], prompt_logprobs={})
 
     @staticmethod
     def _apply_grammar_bitmask(step: _StepState, grammar_output: GrammarOutput) -> None:
