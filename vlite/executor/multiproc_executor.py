@@ -163,7 +163,7 @@ class MultiprocExecutor(Executor):
         if self._dead is None:
             self._dead = message
         logger.error("vlite: model workers failed: %s", message)
-        self.shutdown()
+        self.shutdown(graceful=False)  # the others may be blocked in a collective: no time to wait for them
         raise ExecutorDeadError(message)
 
     def _watch_workers(self) -> None:
@@ -180,7 +180,8 @@ class MultiprocExecutor(Executor):
         if self._dead is not None:
             raise ExecutorDeadError(self._dead)
 
-    def shutdown(self) -> None:
+    def shutdown(self, graceful: bool = True) -> None:
+        """Ask the workers to exit (`graceful`: give them up to 2 s), then kill any left."""
         if self._closing:
             return
         self._closing = True
@@ -191,7 +192,7 @@ class MultiprocExecutor(Executor):
                 conn.send_bytes(data)
             except OSError:
                 pass
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + (2.0 if graceful else 0.0)
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         for proc in self.procs:

@@ -56,10 +56,12 @@ def load_shard(loaded: LoadedEngineConfig, rank: int, world_size: int) -> Loaded
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the distinct tensors the model holds (parameters, packed and tiled weights)."""
+    """Bytes of the distinct tensors the model holds (parameters, packed and tiled weights); not the
+    rotary tables, which are no weights (and every rank keeps whole)."""
     import torch
 
     from vlite.layers.packed import PackedTensors, TiledTensors
+    from vlite.layers.rotary_embedding import RotaryEmbedding
 
     seen: dict[int, int] = {}
 
@@ -71,6 +73,8 @@ def weight_bytes(model: torch.nn.Module) -> int:
                 add(getattr(t, f.name))
 
     for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            continue
         for value in vars(module).values():
             add(value)
         for p in module.parameters(recurse=False):
