@@ -115,8 +115,13 @@ class ParallelConfig:
     # "uni": the model runs in the engine-core process; "mp": one worker process per rank on this
     # machine; None: uni for one rank, mp for more. "ray" is named for vLLM's flag but not built.
     distributed_executor_backend: Optional[str] = None
+    # Engine cores behind one API server (each with its own executor); requests go to the least loaded.
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        dp = self.data_parallel_size
+        if not isinstance(dp, int) or isinstance(dp, bool) or not 1 <= dp <= 64:
+            raise ValueError(f"data_parallel_size must be an integer in [1, 64], got {dp!r}")
         tp = self.tensor_parallel_size
         if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= 64:
             raise ValueError(f"tensor_parallel_size must be an integer in [1, 64], got {tp!r}")

@@ -36,6 +36,7 @@ class EngineArgs:
     quantization: Optional[str] = None
     tensor_parallel_size: int = 1
     distributed_executor_backend: Optional[str] = None  # uni | mp; None: uni for one rank, mp for more
+    data_parallel_size: int = 1  # engine cores behind one API server (vlite serve only)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -57,7 +58,8 @@ class EngineArgs:
                         policy=self.scheduling_policy, long_prefill_token_threshold=self.long_prefill_token_threshold,
                         max_num_partial_prefills=self.max_num_partial_prefills)
         parallel_config = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
-                                         distributed_executor_backend=self.distributed_executor_backend)
+                                         distributed_executor_backend=self.distributed_executor_backend,
+                                         data_parallel_size=self.data_parallel_size)
         resolved = resolve_model(self.model)
         import torch
 

@@ -131,6 +131,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=d.tensor_parallel_size,
                        metavar="N", help="ranks each layer's weights and KV cache are split over, one worker "
                                          "process each (default: %(default)s)")
+    group.add_argument("--data-parallel-size", "-dp", type=_positive_int, default=d.data_parallel_size, metavar="N",
+                       help="engine cores (each a whole copy of the model, with its own tensor parallelism) behind "
+                            "one API server; each request goes to the least loaded (default: %(default)s)")
     group.add_argument("--distributed-executor-backend", default=d.distributed_executor_backend,
                        choices=["uni", "mp", "ray"],
                        help="where the model runs: uni (in the engine-core process), mp (worker processes on "
