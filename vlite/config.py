@@ -113,7 +113,7 @@ class ParallelConfig:
 
     tensor_parallel_size: int = 1
     # "uni": the model runs in the engine-core process; "mp": one worker process per rank on this
-    # machine; None: uni for one rank, mp for more. "ray" is named for vLLM's flag but not built.
+    # machine; "ray": one Ray actor per rank on a Ray cluster; None: uni for one rank, mp for more.
     distributed_executor_backend: Optional[str] = None
     # Engine cores behind one API server (each with its own executor); requests go to the least loaded.
     data_parallel_size: int = 1
@@ -132,9 +132,6 @@ class ParallelConfig:
         if backend == "uni" and tp > 1:
             raise ValueError(f"distributed_executor_backend 'uni' runs one rank; tensor_parallel_size={tp} needs "
                              f"'mp'")
-        if backend == "ray":
-            raise ValueError("distributed_executor_backend 'ray' is not supported yet; use 'mp' "
-                             "(worker processes on this machine)")
 
     @property
     def backend(self) -> str:

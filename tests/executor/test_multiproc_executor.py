@@ -51,8 +51,8 @@ def test_parallel_config_is_validated():
         ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="uni")
     with pytest.raises(ValueError, match="distributed_executor_backend must be one of"):
         ParallelConfig(distributed_executor_backend="threads")
-    with pytest.raises(ValueError, match="'ray' is not supported yet"):
-        LLM(distributed_executor_backend="ray")
+    with pytest.raises(ValueError, match="data_parallel_size=2: several engine cores run behind the API server"):
+        LLM(data_parallel_size=2)
 
 
 def test_tp2_matches_transformers_with_half_the_weights(folder: Path, prompt_ids: list[list[int]], refs: list[Any]):

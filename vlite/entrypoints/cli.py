@@ -138,7 +138,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        choices=["uni", "mp", "ray"],
                        help="where the model runs: uni (in the engine-core process), mp (worker processes on "
                             "this machine, torch.distributed/gloo between them); default: uni for one rank, "
-                            "mp for more; ray is not built yet")
+                            "mp for more; ray: one Ray actor per rank, on the cluster RAY_ADDRESS names or a local "
+                            "one (needs the ray extra)")
     group.add_argument("--chat-template", default=d.chat_template, metavar="TEMPLATE",
                        help="a Jinja chat template, as a file path or a literal template string; "
                             "default: the model's own")

@@ -27,7 +27,7 @@ import time
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any, Optional
 
-from vlite.executor.abstract import Executor, ExecutorDeadError
+from vlite.executor.abstract import Replies, WorkerGroupExecutor
 from vlite.worker.worker import run_worker
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vlite")
 
 _START_TIMEOUT_S = 600.0
-_ERROR_GRACE_S = 2.0  # after one rank's error, how long the others get to answer
 
 
 def _free_port() -> int:
@@ -47,7 +46,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class MultiprocExecutor(Executor):
+class MultiprocExecutor(WorkerGroupExecutor):
     def __init__(self, loaded: LoadedEngineConfig) -> None:
         self.world_size = loaded.config.parallel_config.tensor_parallel_size
         self._dead: Optional[str] = None
@@ -111,60 +110,34 @@ class MultiprocExecutor(Executor):
 
     def _collect(self, timeout: Optional[float] = None) -> list[Any]:
         """Every rank's reply; a dead worker, or ranks that disagree on failing, end the executor."""
-        replies: list[Any] = [None] * self.world_size
-        errors: dict[int, str] = {}
-        pending = set(range(self.world_size))
+        replies = Replies(self.world_size, timeout)
         by_conn = {id(c): r for r, c in enumerate(self.conns)}
         by_sentinel = {p.sentinel: r for r, p in enumerate(self.procs)}
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = wait([self.conns[r] for r in pending] + list(by_sentinel), left)
+        while replies.pending:
+            ready = wait([self.conns[r] for r in replies.pending] + list(by_sentinel), replies.time_left())
             if not ready:
-                if errors:
-                    first = min(errors)
-                    self._fail(f"worker rank {first} failed ({errors[first]}) and rank(s) {sorted(pending)} did "
-                               f"not answer")
-                self._fail(f"worker rank(s) {sorted(pending)} did not answer within {timeout:.0f}s")
+                break
             # pipes first: a worker that reports an error and exits is reported by its error
             for obj in sorted(ready, key=lambda o: isinstance(o, int)):
                 if isinstance(obj, int):
                     rank = by_sentinel[obj]
-                    if rank in pending and self.conns[rank].poll():
+                    if rank in replies.pending and self.conns[rank].poll():
                         continue  # its last words are read on the next turn
-                    if errors:
-                        self._fail(f"worker rank {min(errors)} failed: {errors[min(errors)]}")
-                    self._fail(self._exit_message(rank))
+                    self._fail(replies.first_error() or self._exit_message(rank))
                 rank = by_conn[id(obj)]
                 try:
-                    kind, value = pickle.loads(obj.recv_bytes())
+                    replies.add(rank, pickle.loads(obj.recv_bytes()))
                 except (EOFError, OSError):
                     self._fail(self._exit_message(rank))
-                pending.discard(rank)
-                if kind == "error":
-                    errors[rank] = value
-                    if deadline is None or deadline - time.monotonic() > _ERROR_GRACE_S:
-                        deadline = time.monotonic() + _ERROR_GRACE_S
-                else:
-                    replies[rank] = value
-        if errors:
-            first = errors[min(errors)]
-            if len(errors) == self.world_size:  # every rank failed alike: the step fails, the group is whole
-                raise RuntimeError(first)
-            self._fail(f"worker rank(s) {sorted(errors)} failed alone: {first}")
-        return replies
+        return self._settle(replies)
 
     def _exit_message(self, rank: int) -> str:
         proc = self.procs[rank]
         proc.join(0.1)
         return f"worker rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}"
 
-    def _fail(self, message: str) -> None:
-        if self._dead is None:
-            self._dead = message
-        logger.error("vlite: model workers failed: %s", message)
-        self.shutdown(graceful=False)  # the others may be blocked in a collective: no time to wait for them
-        raise ExecutorDeadError(message)
+    def _kill_workers(self) -> None:
+        self.shutdown(graceful=False)
 
     def _watch_workers(self) -> None:
         """Between steps too: a worker that exits marks the executor dead at once."""
@@ -175,10 +148,6 @@ class MultiprocExecutor(Executor):
             logger.error("vlite: %s", self._dead)
 
     # ---- lifecycle ----------------------------------------------------------------------------
-
-    def check_health(self) -> None:
-        if self._dead is not None:
-            raise ExecutorDeadError(self._dead)
 
     def shutdown(self, graceful: bool = True) -> None:
         """Ask the workers to exit (`graceful`: give them up to 2 s), then kill any left."""

@@ -1,4 +1,5 @@
-"""A model worker process: one tensor-parallel rank of the `mp` executor (vlite.executor.multiproc_executor).
+"""A model worker: one tensor-parallel rank, in a process of the `mp` executor
+(vlite.executor.multiproc_executor) or in a Ray actor of the `ray` executor (vlite.executor.ray_executor).
 
 It joins the torch.distributed group, loads its shard of the weights as the checkpoint is read (no
 process holds the whole model), builds a ModelRunner over that shard and then runs what the
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     import torch
 
     from vlite.engine.arg_utils import LoadedEngineConfig
-    from vlite.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("vlite.worker")
 
@@ -99,42 +99,84 @@ def _die_with_parent() -> None:
         pass
 
 
+class Worker:
+    """One rank: joins the group, loads its shard, runs what the executor sends (`handle`)."""
+
+    def __init__(self, rank: int, world_size: int, init_method: str, loaded: LoadedEngineConfig) -> None:
+        import torch
+
+        from vlite.distributed.parallel_state import init_tp_group
+        from vlite.executor.uniproc_executor import build_model_runner
+
+        if "OMP_NUM_THREADS" not in os.environ:  # the ranks share the machine's cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        self.rank = rank
+        if world_size > 1:
+            init_tp_group(rank, world_size, init_method)
+        self.runner = build_model_runner(load_shard(loaded, rank, world_size))
+        self._pending_error: Optional[str] = None
+
+    def info(self) -> dict[str, Any]:
+        return {"rank": self.rank, "pid": os.getpid(), "weight_bytes": weight_bytes(self.runner.model),
+                "rss_bytes": _rss_bytes()}
+
+    def handle(self, method: str, arg: Any) -> Optional[tuple[str, Any]]:
+        """The reply to one message, or None (execute_model: its error waits for sample_tokens)."""
+        runner = self.runner
+        if method == "execute_model":
+            try:
+                runner.execute_model(arg)
+            except Exception as e:
+                self._pending_error = f"{type(e).__name__}: {e}"
+                logger.error("rank %d: execute_model raised: %s", self.rank, traceback.format_exc())
+            return None
+        if method == "sample_tokens":
+            if self._pending_error is not None:
+                reply, self._pending_error = ("error", self._pending_error), None
+                return reply
+            try:
+                out = runner.sample_tokens(arg)
+                return ("ok", out if self.rank == 0 else None)
+            except Exception as e:
+                logger.error("rank %d: sample_tokens raised: %s", self.rank, traceback.format_exc())
+                return ("error", f"{type(e).__name__}: {e}")
+        if method == "reset":
+            runner.reset()
+            self._pending_error = None
+            return ("ok", None)
+        if method == "stats":
+            return ("ok", self.info())
+        return ("error", f"unknown worker method {method!r}")
+
+    def close(self) -> None:
+        from vlite.distributed.parallel_state import destroy_tp_group
+
+        destroy_tp_group()
+
+
 def run_worker(rank: int, world_size: int, init_method: str, loaded: LoadedEngineConfig, conn: Connection,
                parent_pid: int, log_level: int) -> None:
-    """Process entry point of one rank."""
+    """Process entry point of one rank of the `mp` executor."""
     _die_with_parent()
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [worker {rank}] %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process owns shutdown
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     if os.getppid() != parent_pid:
         return
-    import torch
-
-    if "OMP_NUM_THREADS" not in os.environ:  # the ranks share the machine's cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     try:
-        from vlite.distributed.parallel_state import init_tp_group
-        from vlite.executor.uniproc_executor import build_model_runner
-
-        if world_size > 1:
-            init_tp_group(rank, world_size, init_method)
-        runner = build_model_runner(load_shard(loaded, rank, world_size))
+        worker = Worker(rank, world_size, init_method, loaded)
     except Exception as e:
         logger.error("rank %d failed to start: %s", rank, traceback.format_exc())
         conn.send_bytes(pickle.dumps(("error", f"rank {rank} failed to start: {type(e).__name__}: {e}")))
         return
-    conn.send_bytes(pickle.dumps(("ok", {"rank": rank, "pid": os.getpid(), "weight_bytes": weight_bytes(runner.model),
-                                         "rss_bytes": _rss_bytes()})))
+    conn.send_bytes(pickle.dumps(("ok", worker.info())))
     try:
-        _serve(runner, conn, rank, parent_pid)
+        _serve(worker, conn, parent_pid)
     finally:
-        from vlite.distributed.parallel_state import destroy_tp_group
-
-        destroy_tp_group()
+        worker.close()
 
 
-def _serve(runner: ModelRunner, conn: Connection, rank: int, parent_pid: int) -> None:
-    pending_error: Optional[str] = None
+def _serve(worker: Worker, conn: Connection, parent_pid: int) -> None:
     while True:
         if not conn.poll(_PARENT_POLL_S):
             if os.getppid() != parent_pid:
@@ -146,29 +188,6 @@ def _serve(runner: ModelRunner, conn: Connection, rank: int, parent_pid: int) ->
             return
         if method == "shutdown":
             return
-        if method == "execute_model":
-            try:
-                runner.execute_model(arg)
-            except Exception as e:
-                pending_error = f"{type(e).__name__}: {e}"
-                logger.error("rank %d: execute_model raised: %s", rank, traceback.format_exc())
-            continue
-        if method == "sample_tokens":
-            if pending_error is not None:
-                reply, pending_error = ("error", pending_error), None
-            else:
-                try:
-                    out = runner.sample_tokens(arg)
-                    reply = ("ok", out if rank == 0 else None)
-                except Exception as e:
-                    logger.error("rank %d: sample_tokens raised: %s", rank, traceback.format_exc())
-                    reply = ("error", f"{type(e).__name__}: {e}")
-        elif method == "reset":
-            runner.reset()
-            pending_error = None
-            reply = ("ok", None)
-        elif method == "stats":
-            reply = ("ok", {"rank": rank, "weight_bytes": weight_bytes(runner.model), "rss_bytes": _rss_bytes()})
-        else:
-            reply = ("error", f"unknown worker method {method!r}")
-        conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        reply = worker.handle(method, arg)
+        if reply is not None:
+            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
