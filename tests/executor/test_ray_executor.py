@@ -1,6 +1,7 @@
 """The `ray` executor: TP=2 ranks as Ray actors placed by a placement group, float32 greedy output
 token-identical to transformers on a local Ray (ray.init(num_cpus=2)) and on a two-node cluster on
-this machine (a head and a second node, one CPU each), where the ranks land on different nodes."""
+this machine (a head and a second node, one CPU each), where the ranks land on different nodes; an
+actor killed mid-run fails the engine at once."""
 
 from __future__ import annotations
 
@@ -41,15 +42,6 @@ def _run(folder: Path, prompt_ids: list[list[int]]) -> tuple[Any, list[Any], lis
     return llm, completions, nodes
 
 
-def test_local_ray_tp2_matches_transformers(ray_env, folder: Path, prompt_ids: list[list[int]], refs: list[Any]):
-    ray.init(address="local", num_cpus=2, include_dashboard=False)  # a new local Ray, not one found running
-    llm, completions, nodes = _run(folder, prompt_ids)
-    try:
-        print(tiny.assert_parity(completions, refs), nodes)
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-
-
 def test_two_node_cluster_places_one_rank_per_node(ray_env, folder: Path, prompt_ids: list[list[int]],
                                                     refs: list[Any]):
     from ray.cluster_utils import Cluster
@@ -68,6 +60,36 @@ def test_two_node_cluster_places_one_rank_per_node(ray_env, folder: Path, prompt
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_local_ray_matches_transformers_then_fails_at_once_when_an_actor_dies(
+        ray_env, folder: Path, prompt_ids: list[list[int]], refs: list[Any]):
+    import os
+    import signal
+    import threading
+    import time
+
+    from vlite import SamplingParams
+    from vlite.executor import ExecutorDeadError
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # a new local Ray, not one found running
+    llm, completions, nodes = _run(folder, prompt_ids)
+    print(tiny.assert_parity(completions, refs), nodes)
+    executor = llm.llm_engine.engine_core.executor
+    pid = executor.worker_info[1]["pid"]
+    killed_at: list[float] = []
+
+    def kill() -> None:
+        time.sleep(1.0)
+        killed_at.append(time.monotonic())
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=kill, daemon=True).start()
+    with pytest.raises(ExecutorDeadError, match="Ray worker rank 1 died"):
+        llm.generate([{"prompt_token_ids": p} for p in prompt_ids[:2]],
+                     SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True), use_tqdm=False)
+    print(f"failed {time.monotonic() - killed_at[0]:.2f}s after the kill")
+    assert time.monotonic() - killed_at[0] < 2.0
 
 
 def test_missing_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatch):

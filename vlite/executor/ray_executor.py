@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import threading
 from typing import TYPE_CHECKING, Any, Optional
 
 from vlite.executor.abstract import ExecutorDeadError, Replies, WorkerGroupExecutor
@@ -31,6 +32,8 @@ logger = logging.getLogger("vlite")
 
 _PG_READY_TIMEOUT_S = float(os.environ.get("VLITE_RAY_PG_TIMEOUT_S", "120"))
 _START_TIMEOUT_S = 600.0
+_PING_EVERY_S = 0.5
+_PING_TIMEOUT_S = 10.0
 
 
 def import_ray() -> Any:
@@ -68,6 +71,10 @@ class RayWorkerWrapper:
         method, arg = pickle.loads(data)
         return self.worker.handle(method, arg)
 
+    def ping(self) -> bool:
+        """Liveness, answered in its own concurrency group: also while a step runs."""
+        return True
+
 
 class RayExecutor(WorkerGroupExecutor):
     def __init__(self, loaded: LoadedEngineConfig) -> None:
@@ -94,7 +101,8 @@ class RayExecutor(WorkerGroupExecutor):
             raise RuntimeError(f"Ray placement group of {world} bundles {bundles[0]} not ready after "
                                f"{_PG_READY_TIMEOUT_S:.0f}s: the cluster has {available.get('CPU', 0)} free CPUs "
                                f"over {len(ray.nodes())} node(s); add nodes or lower tensor_parallel_size") from None
-        actor_class = ray.remote(num_cpus=1)(RayWorkerWrapper)
+        # calls in order, one at a time; pings on a thread of their own (the monitor's, between steps too)
+        actor_class = ray.remote(num_cpus=1, concurrency_groups={"health": 1})(RayWorkerWrapper)
         self.actors = [actor_class.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=pg, placement_group_bundle_index=rank)).remote() for rank in range(world)]
         try:
@@ -110,6 +118,28 @@ class RayExecutor(WorkerGroupExecutor):
                 raise
             raise RuntimeError(f"Ray workers failed to start: {e}") from e
         logger.info("vlite: %d Ray worker(s) ready on node(s) %s", world, self.node_ids)
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._watch_workers, name="vlite-ray-monitor", daemon=True)
+        self._monitor.start()
+
+    def _watch_workers(self) -> None:
+        """Between steps too: an actor (or its node) that dies marks the executor dead within ~a second."""
+        ray = self.ray
+        while not self._stop.wait(_PING_EVERY_S):
+            # never after shutdown: a Ray call then would start a new Ray (ray.init on first use)
+            if self._closing or self._dead is not None or not ray.is_initialized():
+                return
+            refs = {a.ping.options(concurrency_group="health").remote(): r for r, a in enumerate(self.actors)}
+            try:
+                ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=_PING_TIMEOUT_S)
+                for ref in ready:
+                    ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                if not self._closing and self._dead is None:
+                    self._dead = f"Ray worker died: {e}"
+                    logger.error("vlite: %s", self._dead)
+            except Exception:  # Ray shutting down under us
+                return
 
     # ---- the step ----------------------------------------------------------------------------
 
@@ -160,6 +190,10 @@ class RayExecutor(WorkerGroupExecutor):
         if self._closing:
             return
         self._closing = True
+        monitor = getattr(self, "_monitor", None)
+        if monitor is not None and monitor is not threading.current_thread():
+            self._stop.set()
+            monitor.join(2.0)  # out of its Ray calls before the caller may shut Ray down
         for actor in self.actors:
             try:
                 self.ray.kill(actor)
