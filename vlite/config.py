@@ -138,9 +138,89 @@ class ParallelConfig:
         return self.distributed_executor_backend or ("uni" if self.tensor_parallel_size == 1 else "mp")
 
 
+SPECULATIVE_METHODS = ("ngram",)
+# Above this many draft tokens per request a verify step stops being nearly free on a CPU (the step's
+# cost grows with its tokens) while a long run of n-gram proposals is rarely all accepted.
+MAX_NUM_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, with vLLM's `speculative_config` keys.
+
+    method "ngram" (prompt lookup): the longest n-gram (prompt_lookup_min..prompt_lookup_max tokens)
+    ending a request's tokens that occurred before proposes the tokens that followed it.
+    `max_num_batched_draft_tokens` caps a step's verify tokens (sampled requests plus their drafts):
+    past it a CPU step is compute-bound, so drafts would cost as much as the tokens they save
+    (None: vlite's default). `disable_by_batch_size` (vLLM's key): no drafts while more requests run.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 0
+    prompt_lookup_min: Optional[int] = None
+    prompt_lookup_max: Optional[int] = None
+    max_num_batched_draft_tokens: Optional[int] = None
+    disable_by_batch_size: Optional[int] = None
+
+    DEFAULT_PROMPT_LOOKUP = 5  # vLLM's default n when neither bound is given
+    DEFAULT_MAX_VERIFY_TOKENS = 16
+
+    def __post_init__(self) -> None:
+        name = "speculative_config"
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"{name}.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_NUM_SPECULATIVE_TOKENS:
+            raise ValueError(f"{name}.num_speculative_tokens must be an integer in [1, "
+                             f"{MAX_NUM_SPECULATIVE_TOKENS}], got {k!r}")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        for key, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64):
+                raise ValueError(f"{name}.{key} must be an integer in [1, 64], got {value!r}")
+        if lo is None and hi is None:
+            lo = hi = self.DEFAULT_PROMPT_LOOKUP
+        lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
+        assert lo is not None and hi is not None
+        if lo > hi:
+            raise ValueError(f"{name}.prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
+        object.__setattr__(self, "prompt_lookup_min", lo)
+        object.__setattr__(self, "prompt_lookup_max", hi)
+        for key in ("max_num_batched_draft_tokens", "disable_by_batch_size"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}.{key} must be a positive integer or null, got {value!r}")
+
+    @property
+    def max_verify_tokens(self) -> int:
+        return self.max_num_batched_draft_tokens or self.DEFAULT_MAX_VERIFY_TOKENS
+
+    @classmethod
+    def from_user(cls, value: object) -> Optional[SpeculativeConfig]:
+        """From `speculative_config` as given: None, a SpeculativeConfig, a dict, or its JSON text (the CLI)."""
+        import json
+
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config must be a JSON object: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a dict (JSON object), got {type(value).__name__}")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown keys {unknown} (known: {sorted(known)})")
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config.num_speculative_tokens is required")
+        return cls(**value)
+
+
 @dataclass(frozen=True)
 class VliteConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative_config: Optional[SpeculativeConfig] = None

@@ -82,6 +82,9 @@ class Request:
     all_token_ids: list[int] = field(default_factory=list)
     # Chained hashes of the full blocks of all_token_ids, filled lazily by the KV cache manager.
     block_hashes: list[bytes] = field(default_factory=list)
+    # Speculative decoding: draft tokens proposed after the last step, verified with the next token in the
+    # next one. Not part of all_token_ids (nor of any prefix-cache hash) until accepted.
+    spec_token_ids: list[int] = field(default_factory=list)
     # Set by the structured-output manager for a request with sampling_params.structured_outputs.
     structured_output_request: Optional[StructuredOutputRequest] = None
 
@@ -98,6 +101,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

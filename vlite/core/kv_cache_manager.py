@@ -165,6 +165,20 @@ class KVCacheManager:
         self.num_cached_block.pop(request.request_id, None)
         self.block_pool.free_blocks(b for b in reversed(blocks) if b is not NULL_BLOCK)
 
+    def free_blocks_beyond(self, request: Request, num_tokens: int) -> None:
+        """Free the request's blocks past the first `num_tokens` tokens (speculative decoding: blocks
+        that only rejected draft tokens filled). They were never cached: only verified tokens are hashed."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        keep = cdiv(num_tokens, self.block_size)
+        if blocks is None or len(blocks) <= keep:
+            return
+        tail = blocks[keep:]
+        del blocks[keep:]
+        self.block_pool.free_blocks(b for b in reversed(tail) if b is not NULL_BLOCK)
+
+    def get_num_blocks(self, request_id: str) -> int:
+        return len(self.req_to_blocks.get(request_id, ()))
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
 

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
-from vlite.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VliteConfig
+from vlite.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VliteConfig
 from vlite.model_loader import ModelArchConfig, ResolvedModel, load_model_arch, load_model_weights, resolve_model
 
 if TYPE_CHECKING:  # torch loads only where the model runs (the engine-core process), not in the API process
@@ -37,6 +37,8 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     distributed_executor_backend: Optional[str] = None  # uni | mp; None: uni for one rank, mp for more
     data_parallel_size: int = 1  # engine cores behind one API server (vlite serve only)
+    # vLLM's speculative_config: a dict, its JSON text, or a SpeculativeConfig; None: no speculation.
+    speculative_config: Any = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -57,6 +59,7 @@ class EngineArgs:
         SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                         policy=self.scheduling_policy, long_prefill_token_threshold=self.long_prefill_token_threshold,
                         max_num_partial_prefills=self.max_num_partial_prefills)
+        speculative_config = SpeculativeConfig.from_user(self.speculative_config)
         parallel_config = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                          distributed_executor_backend=self.distributed_executor_backend,
                                          data_parallel_size=self.data_parallel_size)
@@ -105,9 +108,10 @@ class EngineArgs:
                     num_blocks, self.block_size, capacity,
                     num_blocks * bytes_per_block / 2**20, max_model_len)
         return LoadedEngineConfig(
-            config=VliteConfig(model_config, cache_config, scheduler_config, parallel_config), resolved=resolved, arch=arch,
-            weights=weights, torch_dtype=torch_dtype, quantization=quantization, num_kv_blocks=num_blocks,
-            eos_token_ids=tuple(arch.eos_token_ids))
+            config=VliteConfig(model_config, cache_config, scheduler_config, speculative_config=speculative_config,
+                               parallel_config=parallel_config),
+            resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
+            num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids))
 
 
 def _log_longrope(arch: ModelArchConfig, max_model_len: int) -> None:

@@ -33,7 +33,7 @@ class EngineCore:
         # An all-sliding-window model (Mistral) frees the KV blocks behind the window as requests run.
         self.kv_cache_manager = KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
                                                sliding_window=loaded.arch.kv_sliding_window)
-        self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager)
+        self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager, cfg.speculative_config)
         # Where the model runs (this process, or worker processes): the core talks only to the executor.
         self.executor = Executor.create(loaded)
         # The in-process runner with the uni executor (introspection, tests); None with workers.
@@ -93,7 +93,8 @@ class EngineCore:
             grammar_output = None
             if manager is not None and scheduler_output.sample_req_ids:
                 with section("grammar_bitmask"):
-                    grammar_output = manager.grammar_bitmask(self.scheduler.requests, scheduler_output.sample_req_ids)
+                    grammar_output = manager.grammar_bitmask(self.scheduler.requests, scheduler_output.sample_req_ids,
+                                                             scheduler_output.scheduled_spec_decode_tokens)
             with section("sample"):
                 model_output = executor.sample_tokens(grammar_output)
         except ExecutorDeadError:

@@ -140,6 +140,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "this machine, torch.distributed/gloo between them); default: uni for one rank, "
                             "mp for more; ray: one Ray actor per rank, on the cluster RAY_ADDRESS names or a local "
                             "one (needs the ray extra)")
+    group.add_argument("--speculative-config", default=d.speculative_config, metavar="JSON",
+                       help='speculative decoding, as a JSON object with vLLM\'s keys, e.g. \'{"method": "ngram", '
+                            '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
+                            "(n-gram prompt lookup; default: off)")
     group.add_argument("--chat-template", default=d.chat_template, metavar="TEMPLATE",
                        help="a Jinja chat template, as a file path or a literal template string; "
                             "default: the model's own")

@@ -18,7 +18,8 @@ def build_model_runner(loaded: LoadedEngineConfig) -> ModelRunner:
     cfg = loaded.config
     return ModelRunner(loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks,
                        cfg.cache_config.block_size, cfg.scheduler_config.max_num_seqs,
-                       cfg.scheduler_config.max_model_len, loaded.eos_token_ids, loaded.quantization)
+                       cfg.scheduler_config.max_model_len, loaded.eos_token_ids, loaded.quantization,
+                       cfg.speculative_config)
 
 
 class UniProcExecutor(Executor):

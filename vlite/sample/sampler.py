@@ -37,12 +37,7 @@ class SamplerOutput:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        raw_logprobs = None
-        if md.max_num_logprobs is not None:
-            raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-        logits = logits.to(torch.float32, copy=True)
-        logits = apply_logits_processors(logits, md)
-        logits = apply_penalties(logits, md)
+        raw_logprobs, logits = process_logits(logits, md)
         sampled = self.sample(logits, md)
         lp = None
         if raw_logprobs is not None:
@@ -56,18 +51,36 @@ class Sampler:
             assert greedy is not None
             return greedy
         assert md.temperature is not None
-        # Greedy rows carry temperature 1 here; their random sample is discarded below.
-        temperature = torch.where(md.temperature < 1e-5, 1.0, md.temperature)
-        logits = logits / temperature[:, None]
-        if md.min_p is not None:
-            logits = apply_min_p(logits, md.min_p)
-        if md.top_k is not None or md.top_p is not None:
-            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        probs = torch.softmax(logits, dim=-1)
-        random = random_sample(probs, md.generators)
+        random = random_sample(target_probs(logits, md), md.generators)
         if greedy is None:
             return random
         return torch.where(md.temperature < 1e-5, greedy, random)
+
+
+def process_logits(logits: torch.Tensor, md: SamplingMetadata) -> tuple[Optional[torch.Tensor], torch.Tensor]:
+    """Steps 1-4: (raw logprobs if any row wants logprobs, else None; float32 logits after the logits
+    processors and penalties)."""
+    raw_logprobs = None
+    if md.max_num_logprobs is not None:
+        raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    logits = logits.to(torch.float32, copy=True)
+    logits = apply_logits_processors(logits, md)
+    return raw_logprobs, apply_penalties(logits, md)
+
+
+def target_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """The distribution a random row samples from: temperature -> min_p -> top-k/top-p -> softmax.
+
+    Greedy rows carry temperature 1 here; what is sampled for them is discarded.
+    """
+    assert md.temperature is not None
+    temperature = torch.where(md.temperature < 1e-5, 1.0, md.temperature)
+    logits = logits / temperature[:, None]
+    if md.min_p is not None:
+        logits = apply_min_p(logits, md.min_p)
+    if md.top_k is not None or md.top_p is not None:
+        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+    return torch.softmax(logits, dim=-1)
 
 
 def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -147,15 +160,21 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
     (On a CPU this beats the exponential race used on GPUs, which draws a random number for every
     vocabulary entry.) A seeded row draws its uniform from its own generator, one per step, so its
-    samples do not depend on the rest of the batch. `right=True` skips zero-probability tokens.
+    samples do not depend on the rest of the batch.
     """
-    cdf = probs.cumsum(dim=-1)
-    total = cdf[:, -1:]
-    u = torch.rand(probs.shape[0], 1) if len(generators) < probs.shape[0] else torch.empty(probs.shape[0], 1)
+    u = torch.rand(probs.shape[0]) if len(generators) < probs.shape[0] else torch.empty(probs.shape[0])
     for row, gen in generators.items():
         u[row] = torch.rand(1, generator=gen)
+    return inverse_cdf_sample(probs, u)
+
+
+def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token at each row's uniform `u` [B] in [0, 1) of its cumulative (unnormalized) probabilities.
+    `right=True` skips zero-probability tokens."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
     # u * total < total, so some token's cumulative sum exceeds it.
-    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 

@@ -49,7 +49,8 @@ def _lowest_priority() -> None:
 
 
 class GrammarOutput:
-    """The step's bitmasks: row i constrains the sampled request req_ids[i]."""
+    """The step's bitmasks: row i constrains the sampled request req_ids[i]. A request verifying draft
+    tokens (speculative decoding) has one row per position, in order: its req_id repeats."""
 
     def __init__(self, req_ids: list[str], bitmask: torch.Tensor) -> None:
         self.req_ids = req_ids
@@ -121,18 +122,38 @@ class StructuredOutputManager:
 
     # ---- per step ------------------------------------------------------------------------------
 
-    def grammar_bitmask(self, requests: dict[str, Request], sample_req_ids: set[str]) -> Optional[GrammarOutput]:
-        """Bitmasks of the constrained requests that sample this step (None when there are none)."""
+    def grammar_bitmask(self, requests: dict[str, Request], sample_req_ids: set[str],
+                        spec_tokens: Optional[dict[str, list[int]]] = None) -> Optional[GrammarOutput]:
+        """Bitmasks of the constrained requests that sample this step (None when there are none).
+
+        With draft tokens, the row of position i is the grammar's state after the first i drafts (the
+        matcher advances over them, then rolls back): every position is masked as if they were kept.
+        """
         constrained = [(req_id, requests[req_id].structured_output_request) for req_id in sample_req_ids
                        if req_id in requests and requests[req_id].structured_output_request is not None]
         if not constrained:
             return None
         backend = self._backend
         assert backend is not None
-        bitmask = backend.allocate_bitmask(len(constrained))
-        for row, (_, so_request) in enumerate(constrained):
-            backend.fill_bitmask(so_request.matcher, bitmask, row)
-        return GrammarOutput([req_id for req_id, _ in constrained], bitmask)
+        spec_tokens = spec_tokens or {}
+        row_req_ids = [req_id for req_id, _ in constrained for _ in range(1 + len(spec_tokens.get(req_id, ())))]
+        bitmask = backend.allocate_bitmask(len(row_req_ids))
+        row = 0
+        for req_id, so_request in constrained:
+            matcher = so_request.matcher
+            backend.fill_bitmask(matcher, bitmask, row)
+            drafts = spec_tokens.get(req_id, ())
+            advanced = 0
+            for token_id in drafts:  # drafts are a prefix the grammar accepts (see valid_prefix)
+                if matcher.is_terminated() or not matcher.accept_token(token_id):
+                    break  # past the grammar's end: the rows left stay all allowed (their tokens are cut off)
+                advanced += 1
+                if not matcher.is_terminated():
+                    backend.fill_bitmask(matcher, bitmask, row + advanced)
+            if advanced:
+                matcher.rollback(advanced)
+            row += 1 + len(drafts)
+        return GrammarOutput(row_req_ids, bitmask)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -50,6 +50,18 @@ class StructuredOutputRequest:
                 return False
         return True
 
+    def valid_prefix(self, token_ids: list[int]) -> list[int]:
+        """The longest prefix of draft tokens the grammar accepts; the matcher is left as it was."""
+        matcher = self.matcher
+        n = 0
+        for token_id in token_ids:
+            if matcher.is_terminated() or not matcher.accept_token(token_id):
+                break
+            n += 1
+        if n:
+            matcher.rollback(n)
+        return token_ids[:n]
+
     def is_terminated(self) -> bool:
         return self._matcher is not None and self._matcher.is_terminated()
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
 
 from vlite.attention.backends.torch_sdpa import build_metadata, get_kv_cache_shape, load_kernels
+from vlite.config import SpeculativeConfig
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.quantization import QuantizationPlan
@@ -26,6 +27,7 @@ from vlite.model_loader import ModelArchConfig
 from vlite.models.registry import build_model
 from vlite.profiler import section
 from vlite.sample.metadata import SamplingMetadata
+from vlite.sample.rejection_sampler import rejection_sample
 from vlite.sample.sampler import Sampler, gather_logprobs
 from vlite.sampling_params import SamplingParams
 from vlite.worker.input_batch import InputBatch
@@ -54,16 +56,19 @@ class CachedRequestState:
 
 @dataclass
 class _StepState:
-    req_ids: list[str]  # sampled requests, in logits row order
+    req_ids: list[str]  # sampled requests, in order
     rows: np.ndarray  # their batch rows
-    logits: torch.Tensor
+    logits: torch.Tensor  # one row per sampled request, or 1 + its drafts' rows with speculative decoding
     prompt_logprobs: dict  # req_id -> lists, computed in execute_model
+    num_drafts: Optional[np.ndarray] = None  # [len(req_ids)] draft tokens verified per request; None: none
+    draft_token_ids: Optional[np.ndarray] = None  # all of them, flat, requests in order
 
 
 class ModelRunner:
     def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
-                 eos_token_ids: tuple[int, ...], quantization: QuantizationPlan = QuantizationPlan(None)) -> None:
+                 eos_token_ids: tuple[int, ...], quantization: QuantizationPlan = QuantizationPlan(None),
+                 speculative_config: Optional[SpeculativeConfig] = None) -> None:
         self.arch = arch
         self.dtype = dtype
         self.block_size = block_size
@@ -81,6 +86,17 @@ class ModelRunner:
         self.input_batch = InputBatch(*self._input_batch_args)
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
+        self.speculative_config = speculative_config
+        self.proposer = None
+        # A request verifying drafts runs its 1 + k query tokens as decode rows (each sees the keys up to
+        # its position): the decode kernels and the fused decode layer then take the step as they would
+        # 1 + k decodes, where a causal prefill chunk would leave the fast path.
+        self.max_decode_query_len = 1
+        if speculative_config is not None:
+            from vlite.spec_decode.ngram_proposer import NgramProposer
+
+            self.proposer = NgramProposer(speculative_config)
+            self.max_decode_query_len = 1 + speculative_config.num_speculative_tokens
         self._step: _StepState | None = None
         self._md_cache: tuple[tuple[int, bytes], SamplingMetadata] | None = None
         # Fault injection for reliability tests: a step computing this token id raises.
@@ -112,7 +128,8 @@ class ModelRunner:
             hidden = self.model(inputs["input_ids"], inputs["positions"], self.kv_caches, inputs["attn_metadata"])
             logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
             prompt_logprobs = self._compute_prompt_logprobs(so=scheduler_output, hidden=hidden, inputs=inputs)
-        self._step = _StepState(inputs["sample_req_ids"], inputs["sample_rows"], logits, prompt_logprobs)
+        self._step = _StepState(inputs["sample_req_ids"], inputs["sample_rows"], logits, prompt_logprobs,
+                                inputs["num_drafts"], inputs["draft_token_ids"])
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -133,12 +150,19 @@ class ModelRunner:
             batch.add_request(new.req_id, new.prompt_token_ids + new.output_token_ids, len(new.prompt_token_ids),
                               new.num_computed_tokens, new.block_ids, state.sampling_params, state.generator)
         cached = so.scheduled_cached_reqs
-        for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
-                                                        cached.num_computed_tokens):
+        for req_id, new_block_ids, num_computed, num_blocks in zip(cached.req_ids, cached.new_block_ids,
+                                                                    cached.num_computed_tokens,
+                                                                    cached.num_blocks_before):
             row = batch.req_id_to_index[req_id]
+            batch.num_blocks[row] = num_blocks  # fewer when blocks of rejected drafts were freed
             if new_block_ids:
                 batch.append_block_ids(row, new_block_ids)
             batch.num_computed_tokens[row] = num_computed
+        for req_id, drafts in so.scheduled_spec_decode_tokens.items():
+            # Inputs after the request's tokens; its verified tokens overwrite them after sampling.
+            row = batch.req_id_to_index[req_id]
+            n = int(batch.num_tokens[row])
+            batch.token_ids[row, n:n + len(drafts)] = drafts
 
     def _prepare_inputs(self, so: SchedulerOutput) -> dict:
         batch = self.input_batch
@@ -165,12 +189,25 @@ class ModelRunner:
 
         sample_mask = np.fromiter((r in so.sample_req_ids for r in req_ids), dtype=bool, count=len(req_ids))
         logits_indices = (query_start_loc[1:] - 1)[sample_mask]
+        num_drafts = draft_token_ids = None
+        spec = so.scheduled_spec_decode_tokens
+        if spec:
+            # Logits at the last 1 + m positions of a request verifying m drafts.
+            sample_req_ids = [r for r, m in zip(req_ids, sample_mask) if m]
+            num_drafts = np.fromiter((len(spec.get(r, ())) for r in sample_req_ids), dtype=np.int64,
+                                     count=len(sample_req_ids))
+            counts = num_drafts + 1
+            first = np.repeat(logits_indices - num_drafts, counts)
+            logits_indices = first + np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            draft_token_ids = np.fromiter((t for r in sample_req_ids for t in spec.get(r, ())), dtype=np.int64)
 
         block_table = batch.block_table[rows]
         attn_metadata = build_metadata(torch.from_numpy(query_start_loc), torch.from_numpy(seq_lens),
                                        torch.from_numpy(block_table), torch.from_numpy(slot_mapping),
-                                       self.block_size, self.attention_windows)
+                                       self.block_size, self.attention_windows, self.max_decode_query_len)
         return {
+            "num_drafts": num_drafts,
+            "draft_token_ids": draft_token_ids,
             "input_ids": torch.from_numpy(input_ids),
             "positions": torch.from_numpy(positions),
             "attn_metadata": attn_metadata,
@@ -221,85 +258,155 @@ class ModelRunner:
                                      prompt_logprobs=step.prompt_logprobs if step is not None else {})
         if self.tp is not None and not self.tp.is_driver:
             return self._take_driver_tokens(step)
-        metadata = self._make_sampling_metadata(step.rows)
-        if grammar_output is not None:
-            with section("grammar_mask"):
-                self._apply_grammar_bitmask(step, grammar_output)
-        out = self.sampler(step.logits, metadata)
-        sampled = out.sampled_token_ids
-        if self.tp is not None:
-            self.tp.broadcast(sampled)
-
-        # Append the sampled tokens to the persistent batch: they are the next step's inputs.
         batch = self.input_batch
         rows = step.rows
-        batch.token_ids[rows, batch.num_tokens[rows]] = sampled.numpy()
-        batch.num_tokens[rows] += 1
-
-        sampled_list = sampled.tolist()
-        result = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=[[t] for t in sampled_list],
-                                   prompt_logprobs=step.prompt_logprobs)
-        if out.logprobs_tensors is not None:
+        if step.num_drafts is None:
+            metadata = self._make_sampling_metadata(rows)
+            if grammar_output is not None:
+                with section("grammar_mask"):
+                    self._apply_grammar_bitmask(step, grammar_output)
+            out = self.sampler(step.logits, metadata)
+            counts = np.ones(len(rows), dtype=np.int64)
+            token_lists = [[t] for t in out.sampled_token_ids.tolist()]
             lt = out.logprobs_tensors
+        else:
+            counts = step.num_drafts + 1
+            # Logits row i of request b scores the token after its first i drafts.
+            offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            metadata = self._make_sampling_metadata(np.repeat(rows, counts), offsets)
+            if grammar_output is not None:
+                with section("grammar_mask"):
+                    self._apply_grammar_bitmask(step, grammar_output)
+            generators = {i: batch.generators[int(r)] for i, r in enumerate(rows) if int(r) in batch.generators}
+            assert step.draft_token_ids is not None
+            verified = rejection_sample(step.logits, metadata, step.num_drafts, step.draft_token_ids, generators)
+            token_lists = verified.output_token_ids
+            counts = verified.num_accepted + 1
+            lt = verified.logprobs_tensors
+
+        # Append the new tokens to the persistent batch: they are the next step's inputs.
+        tokens = [t for out in token_lists for t in out]
+        if self.tp is not None:  # the other ranks append the same ones (_take_driver_tokens)
+            if step.num_drafts is not None:
+                self.tp.broadcast(torch.as_tensor(counts, dtype=torch.int64))
+            self.tp.broadcast(torch.tensor(tokens, dtype=torch.int64))
+        self._append_tokens(rows, counts, tokens)
+
+        result = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=token_lists,
+                                   prompt_logprobs=step.prompt_logprobs)
+        if lt is not None:
             ids, lps, ranks = lt.token_ids.tolist(), lt.logprobs.tolist(), lt.ranks.tolist()
             num_logprobs = batch.num_logprobs[rows]
+            ends = np.cumsum(counts)
             for i, req_id in enumerate(step.req_ids):
                 n = int(num_logprobs[i])
                 if n >= 0:
-                    result.logprobs[req_id] = ([ids[i][:n + 1]], [lps[i][:n + 1]], [ranks[i]])
+                    lo, hi = int(ends[i] - counts[i]), int(ends[i])
+                    result.logprobs[req_id] = ([x[:n + 1] for x in ids[lo:hi]], [x[:n + 1] for x in lps[lo:hi]],
+                                               ranks[lo:hi])
+        if self.proposer is not None:
+            with section("propose"):
+                result.spec_token_ids = self._propose_drafts(step.req_ids, rows)
         self._step = None
         return result
 
     def _take_driver_tokens(self, step: _StepState) -> ModelRunnerOutput:
-        """A rank other than 0 under tensor parallelism: rank 0's sampled tokens, appended to the batch
-        as the next step's inputs (one sampler, so seeded and random sampling agree on every rank)."""
-        sampled = self.tp.broadcast(torch.empty(len(step.req_ids), dtype=torch.int64))
-        batch = self.input_batch
-        batch.token_ids[step.rows, batch.num_tokens[step.rows]] = sampled.numpy()
-        batch.num_tokens[step.rows] += 1
+        """A rank other than 0 under tensor parallelism: rank 0's new tokens (sampled, or verified drafts),
+        appended to the batch as the next step's inputs (one sampler, so seeded and random sampling
+        agree on every rank)."""
+        tp = self.tp
+        counts = (np.ones(len(step.rows), dtype=np.int64) if step.num_drafts is None
+                  else tp.broadcast(torch.empty(len(step.rows), dtype=torch.int64)).numpy())
+        tokens = tp.broadcast(torch.empty(int(counts.sum()), dtype=torch.int64)).numpy()
+        self._append_tokens(step.rows, counts, tokens)
         self._step = None
         return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], prompt_logprobs={})
+
+    def _append_tokens(self, rows: np.ndarray, counts: np.ndarray, tokens: Any) -> None:
+        """Append each row's new tokens (`counts[i]` of the flat `tokens` for rows[i]): the next step's inputs."""
+        batch = self.input_batch
+        token_rows = np.repeat(rows, counts)
+        within = np.arange(len(token_rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+        batch.token_ids[token_rows, batch.num_tokens[token_rows] + within] = tokens
+        batch.num_tokens[rows] += counts
+
+    def _propose_drafts(self, req_ids: list[str], rows: np.ndarray) -> dict[str, list[int]]:
+        """Drafts for the next step, within its verify budget: past `max_verify_tokens` tokens (the
+        sampled requests and their drafts) a step is compute-bound on a CPU and drafts cost what they
+        save, so the budget goes to the first requests with a match and a busy batch gets none."""
+        config = self.speculative_config
+        assert self.proposer is not None and config is not None
+        budget = config.max_verify_tokens - len(rows)
+        if budget <= 0 or (config.disable_by_batch_size is not None
+                           and self.input_batch.num_reqs > config.disable_by_batch_size):
+            return {}
+        batch = self.input_batch
+        drafts, num_drafts = self.proposer.propose(batch.token_ids[rows], batch.num_tokens[rows],
+                                                   np.full(len(rows), budget))
+        if not num_drafts.any():
+            return {}
+        # Keep the budget: cut the drafts that would pass it.
+        before = np.cumsum(num_drafts) - num_drafts
+        num_drafts = np.clip(budget - before, 0, num_drafts)
+        return {req_ids[i]: drafts[i, :n].tolist() for i, n in enumerate(num_drafts.tolist()) if n}
 
     @staticmethod
     def _apply_grammar_bitmask(step: _StepState, grammar_output: GrammarOutput) -> None:
         """Structured outputs: forbid what each constrained row's grammar forbids, before the sampler
-        (whose logprobs then report the masked distribution), in one batched call."""
+        (whose logprobs then report the masked distribution), in one batched call. A request verifying
+        drafts has one grammar row per position (its req_id repeats), matching its logits rows."""
         from vlite.structured_output.backend_xgrammar import apply_grammar_bitmask
 
-        logits_row = {req_id: i for i, req_id in enumerate(step.req_ids)}
-        pairs = [(logits_row[req_id], i) for i, req_id in enumerate(grammar_output.req_ids) if req_id in logits_row]
+        counts = np.ones(len(step.req_ids), dtype=np.int64) if step.num_drafts is None else step.num_drafts + 1
+        first_row = dict(zip(step.req_ids, (np.cumsum(counts) - counts).tolist()))
+        seen: dict[str, int] = {}
+        pairs = []
+        for i, req_id in enumerate(grammar_output.req_ids):
+            if req_id in first_row:
+                k = seen.get(req_id, 0)
+                seen[req_id] = k + 1
+                pairs.append((first_row[req_id] + k, i))
         if not pairs:
             return
         bitmask = grammar_output.bitmask
-        if len(pairs) == len(step.req_ids) and all(a == b for a, b in pairs):
+        num_rows = step.logits.shape[0]
+        if len(pairs) == num_rows and all(a == b for a, b in pairs):
             apply_grammar_bitmask(step.logits, bitmask, None)
             return
         # One bitmask row per logits row: the constrained ones in their place, the rest unused.
-        full = bitmask.new_full((len(step.req_ids), bitmask.shape[1]), -1)
+        full = bitmask.new_full((num_rows, bitmask.shape[1]), -1)
         full[[a for a, _ in pairs]] = bitmask[[b for _, b in pairs]]
         apply_grammar_bitmask(step.logits, full, [a for a, _ in pairs])
 
-    def _make_sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+    def _make_sampling_metadata(self, rows: np.ndarray, offsets: Optional[np.ndarray] = None) -> SamplingMetadata:
         """The step's SamplingMetadata; reused while the same rows are sampled with nothing that
-        changes per step (penalties' token lists, min_tokens, sparse processors)."""
+        changes per step (penalties' token lists, min_tokens, sparse processors).
+
+        `offsets` (speculative decoding): logits row i scores the token after offsets[i] drafts of
+        its request (rows[i] repeats), which count as output tokens for penalties and processors.
+        """
         b = self.input_batch
-        key = (b.version, rows.tobytes())
+        key = (b.version, rows.tobytes(), None if offsets is None else offsets.tobytes())
         cached = self._md_cache
         if cached is not None and cached[0] == key:
             return cached[1]
-        md = self._build_sampling_metadata(rows)
+        md = self._build_sampling_metadata(rows, offsets)
         per_step = (not md.no_penalties or md.min_tokens is not None or md.disallowed_mask is not None
                     or md.logit_bias is not None or md.bad_words_token_ids or (b.min_tokens[rows] > 0).any())
         self._md_cache = None if per_step else (key, md)
         return md
 
-    def _build_sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+    def _build_sampling_metadata(self, rows: np.ndarray, offsets: Optional[np.ndarray] = None) -> SamplingMetadata:
         b = self.input_batch
         temperature = b.temperature[rows]
         greedy = temperature < 1e-5
         top_p, top_k, min_p = b.top_p[rows], b.top_k[rows], b.min_p[rows]
         num_logprobs = b.num_logprobs[rows]
-        row_pos = {int(r): i for i, r in enumerate(rows)}
+        # batch row -> its logits rows (several per request verifying drafts)
+        positions: dict[int, list[int]] = {}
+        for i, r in enumerate(rows.tolist()):
+            positions.setdefault(r, []).append(i)
+        num_tokens = b.num_tokens[rows] if offsets is None else b.num_tokens[rows] + offsets
 
         def col(values: np.ndarray, neutral: float) -> torch.Tensor | None:
             return torch.from_numpy(values) if (values != neutral).any() else None
@@ -311,21 +418,22 @@ class ModelRunner:
             top_p=col(top_p, 1.0),
             top_k=torch.from_numpy(np.where(top_k > 0, top_k, self.vocab_size)) if (top_k > 0).any() else None,
             min_p=col(min_p, 0.0),
-            generators={row_pos[r]: g for r, g in b.generators.items() if r in row_pos},
+            generators={pos[0]: g for r, g in b.generators.items() if (pos := positions.get(r)) is not None},
             max_num_logprobs=int(num_logprobs.max()) if (num_logprobs >= 0).any() else None,
             presence_penalties=col(b.presence_penalty[rows], 0.0),
             frequency_penalties=col(b.frequency_penalty[rows], 0.0),
             repetition_penalties=col(b.repetition_penalty[rows], 1.0),
         )
         if not md.no_penalties:
-            md.prompt_token_ids, md.output_token_ids = self._padded_token_ids(rows)
-        self._add_sparse_processors(md, row_pos)
+            md.prompt_token_ids, md.output_token_ids = self._padded_token_ids(rows, num_tokens)
+        self._add_sparse_processors(md, rows, positions, num_tokens)
         return md
 
-    def _padded_token_ids(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompt and output ids of the rows, right-padded with vocab_size (an id that never occurs)."""
+    def _padded_token_ids(self, rows: np.ndarray, n_total: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt and output ids of the rows (outputs: the first n_total tokens), right-padded with
+        vocab_size (an id that never occurs)."""
         b = self.input_batch
-        n_prompt, n_total = b.num_prompt_tokens[rows], b.num_tokens[rows]
+        n_prompt = b.num_prompt_tokens[rows]
         max_prompt = int(n_prompt.max())
         max_out = max(int((n_total - n_prompt).max()), 1)
         j = np.arange(max_prompt)
@@ -335,35 +443,41 @@ class ModelRunner:
                        self.vocab_size)
         return torch.from_numpy(prompt), torch.from_numpy(out)
 
-    def _add_sparse_processors(self, md: SamplingMetadata, row_pos: dict[int, int]) -> None:
+    def _add_sparse_processors(self, md: SamplingMetadata, rows: np.ndarray, positions: dict[int, list[int]],
+                               num_tokens: np.ndarray) -> None:
         b = self.input_batch
-        if any(r in row_pos for r in b.allowed_token_ids):
-            mask = torch.zeros(len(row_pos), self.vocab_size, dtype=torch.bool)
+        if any(r in positions for r in b.allowed_token_ids):
+            mask = torch.zeros(len(rows), self.vocab_size, dtype=torch.bool)
             for r, ids in b.allowed_token_ids.items():
-                if r in row_pos:
-                    mask[row_pos[r]] = True
-                    mask[row_pos[r], ids] = False
+                for i in positions.get(r, ()):
+                    mask[i] = True
+                    mask[i, ids] = False
             md.disallowed_mask = mask
         bias_rows, bias_ids, bias_vals = [], [], []
         for r, bias in b.logit_bias.items():
-            if r in row_pos:
-                bias_rows += [row_pos[r]] * len(bias)
+            for i in positions.get(r, ()):
+                bias_rows += [i] * len(bias)
                 bias_ids += list(bias)
                 bias_vals += list(bias.values())
         if bias_rows:
             md.logit_bias = (torch.tensor(bias_rows), torch.tensor(bias_ids), torch.tensor(bias_vals))
         min_rows, min_ids = [], []
-        for r, i in row_pos.items():
-            if b.min_tokens[r] > 0 and b.num_tokens[r] - b.num_prompt_tokens[r] < b.min_tokens[r]:
-                params = b.sampling_params[r]
-                ids = list(b.stop_token_ids.get(r, [])) + ([] if params and params.ignore_eos else self.eos_token_ids)
-                min_rows += [i] * len(ids)
-                min_ids += ids
+        for r, pos in positions.items():
+            if b.min_tokens[r] <= 0:
+                continue
+            for i in pos:
+                if num_tokens[i] - b.num_prompt_tokens[r] < b.min_tokens[r]:
+                    params = b.sampling_params[r]
+                    ids = list(b.stop_token_ids.get(r, [])) + ([] if params and params.ignore_eos
+                                                               else self.eos_token_ids)
+                    min_rows += [i] * len(ids)
+                    min_ids += ids
         if min_rows:
             md.min_tokens = (torch.tensor(min_rows), torch.tensor(min_ids))
         for r, words in b.bad_words.items():
-            if r in row_pos:
-                md.bad_words_token_ids[row_pos[r]] = words
-                longest = max(len(w) for w in words)
-                start = max(int(b.num_prompt_tokens[r]), int(b.num_tokens[r]) - longest)
-                md.output_token_lists[row_pos[r]] = b.token_ids[r, start:int(b.num_tokens[r])].tolist()
+            longest = max(len(w) for w in words)
+            for i in positions.get(r, ()):
+                md.bad_words_token_ids[i] = words
+                end = int(num_tokens[i])
+                start = max(int(b.num_prompt_tokens[r]), end - longest)
+                md.output_token_lists[i] = b.token_ids[r, start:end].tolist()

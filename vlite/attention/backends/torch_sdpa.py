@@ -150,20 +150,35 @@ def _build_prefill_chunks(rows: torch.Tensor, query_start_loc: torch.Tensor, que
 
 
 def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
-                   slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,)) -> TorchSDPAMetadata:
+                   slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
+                   max_decode_query_len: int = 1) -> TorchSDPAMetadata:
     """All inputs are CPU int tensors for the scheduled requests of this step, in batch order.
 
     `windows`: the distinct attention windows of the model's layers (0: full causal attention); one
     view of the step is built per window, the first one returned with the others in `others`.
+    `max_decode_query_len` > 1 (speculative decoding): a request's chunk of up to that many tokens
+    runs as that many decode rows, query i seeing the keys up to its own position (causal), since
+    every K/V of the step is written before any query reads.
     """
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
-    is_decode = query_lens == 1
+    is_decode = query_lens <= max_decode_query_len
     decode_rows = torch.nonzero(is_decode).flatten()
     prefill_rows = torch.nonzero(~is_decode).flatten()
+    if max_decode_query_len > 1 and decode_rows.numel() and bool((query_lens[decode_rows] > 1).any()):
+        # One row per token: its index in the step, the seq_len it sees, its request's block table row.
+        q_lens = query_lens[decode_rows]
+        owner = torch.repeat_interleave(decode_rows, q_lens)
+        within = torch.arange(owner.numel()) - torch.repeat_interleave(torch.cumsum(q_lens, 0) - q_lens, q_lens)
+        decode_starts = query_start_loc[owner] + within
+        decode_seq_lens = seq_lens[owner] - query_lens[owner] + 1 + within
+        decode_table = block_table[owner]
+        decode_rows = torch.arange(owner.numel())
+    else:
+        decode_starts, decode_seq_lens, decode_table = query_start_loc[:-1], seq_lens, block_table
     views = [TorchSDPAMetadata(
         num_actual_tokens=int(query_start_loc[-1]),
         slot_mapping=slot_mapping,
-        decode=(_build_decode_group(decode_rows, query_start_loc[:-1], seq_lens, block_table, block_size, window)
+        decode=(_build_decode_group(decode_rows, decode_starts, decode_seq_lens, decode_table, block_size, window)
                 if decode_rows.numel() else None),
         prefills=_build_prefill_chunks(prefill_rows, query_start_loc[:-1], query_lens, seq_lens, block_table,
                                        block_size, window),

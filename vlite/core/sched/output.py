@@ -30,6 +30,9 @@ class CachedRequestData:
     req_ids: list[str] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
+    # The request's block count before new_block_ids: fewer than the runner holds when blocks that
+    # only rejected draft tokens occupied were freed (speculative decoding).
+    num_blocks_before: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -46,6 +49,8 @@ class SchedulerOutput:
     # Requests with max_tokens 0 whose prompt this step completes: nothing is sampled for them
     # (only their prompt logprobs are wanted); update_from_output finishes them ("length").
     prompt_done_req_ids: set[str] = field(default_factory=set)
+    # Speculative decoding: req_id -> the draft tokens scheduled after its next token (verified this step).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -63,6 +68,8 @@ class ModelRunnerOutput:
     logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
     # req_id -> the same shape for prompt positions computed this step (first prompt token has none).
     prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
+    # Speculative decoding: req_id -> draft tokens proposed for the next step (absent: none).
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass

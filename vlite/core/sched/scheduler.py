@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from vlite.config import SchedulerConfig
+from vlite.config import SchedulerConfig, SpeculativeConfig
 from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                      SchedulerOutput)
@@ -28,11 +28,43 @@ class SchedulerStats:
     num_preemptions: int  # cumulative
     prefix_cache_queries: int  # cumulative, tokens
     prefix_cache_hits: int  # cumulative, tokens
+    spec_decoding: Optional[SpecDecodingStats] = None  # cumulative; None without speculative decoding
+
+
+@dataclass
+class SpecDecodingStats:
+    """vLLM's spec-decode counters: drafts verified, their tokens, the accepted ones (also by position)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        if len(per_pos) < num_draft_tokens:
+            per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
+        for i in range(num_accepted_tokens):
+            per_pos[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verify step of a request with drafts: 1 + accepted / drafts (vLLM's definition)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 speculative_config: Optional[SpeculativeConfig] = None) -> None:
         self.config = scheduler_config
+        self.spec_decoding_stats = SpecDecodingStats() if speculative_config is not None else None
         self.max_model_len = scheduler_config.max_model_len
         self.kv_cache_manager = kv_cache_manager
         try:
@@ -121,12 +153,14 @@ class Scheduler:
         scheduled_running: list[Request] = []
         scheduled_new: list[NewRequestData] = []
         preempted_req_ids: set[str] = set()
+        scheduled_spec: dict[str, list[int]] = {}
 
         # Phase 1: running requests, in order.
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = self._cap_new_tokens(request, request.num_tokens - request.num_computed_tokens,
+            # Draft tokens (speculative decoding) are scheduled after the request's next token.
+            num_new_tokens = self._cap_new_tokens(request, request.num_tokens_with_spec - request.num_computed_tokens,
                                                   token_budget)
             if num_new_tokens == 0:
                 req_index += 1
@@ -145,6 +179,12 @@ class Scheduler:
                 break  # the request preempted itself: nothing else fits either
             scheduled_running.append(request)
             num_scheduled_tokens[request.request_id] = num_new_tokens
+            if request.spec_token_ids:
+                # Drafts past the budget are dropped: the next step brings fresh ones.
+                num_spec = request.num_computed_tokens + num_new_tokens - request.num_tokens
+                if num_spec > 0:
+                    scheduled_spec[request.request_id] = request.spec_token_ids[:num_spec]
+                request.spec_token_ids = []
             new_blocks_of[request.request_id] = [b.block_id for b in new_blocks]
             token_budget -= num_new_tokens
             req_index += 1
@@ -158,11 +198,13 @@ class Scheduler:
             cached.req_ids.append(request.request_id)
             cached.new_block_ids.append(new_blocks_of[request.request_id])
             cached.num_computed_tokens.append(request.num_computed_tokens)
+            cached.num_blocks_before.append(self.kv_cache_manager.get_num_blocks(request.request_id)
+                                            - len(new_blocks_of[request.request_id]))
         sample_req_ids, prompt_done_req_ids = set(), set()
         for req_id, n in num_scheduled_tokens.items():
             request = self.requests[req_id]
             request.num_computed_tokens += n
-            if request.num_computed_tokens == request.num_tokens:
+            if request.num_computed_tokens >= request.num_tokens:
                 (prompt_done_req_ids if request.max_tokens == 0 else sample_req_ids).add(req_id)
         output = SchedulerOutput(
             scheduled_new_reqs=scheduled_new,
@@ -173,6 +215,7 @@ class Scheduler:
             preempted_req_ids=preempted_req_ids,
             sample_req_ids=sample_req_ids,
             prompt_done_req_ids=prompt_done_req_ids,
+            scheduled_spec_decode_tokens=scheduled_spec,
         )
         self.finished_req_ids = set()
         return output
@@ -270,6 +313,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
 
     def _preempt(self, request: Request) -> None:
         """Recompute-mode preemption: drop the KV blocks, go back to the head of the queue."""
@@ -360,10 +404,17 @@ class Scheduler:
         stopped = False
         requests = self.requests
         logprobs, prompt_logprobs = model_runner_output.logprobs, model_runner_output.prompt_logprobs
+        scheduled_spec = scheduler_output.scheduled_spec_decode_tokens
         for req_id, new_token_ids in zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids):
             request = requests.get(req_id)
             if request is None or request.status > RequestStatus.PREEMPTED:  # gone or finished meanwhile
                 continue
+            spec = scheduled_spec.get(req_id)
+            if spec:
+                # The rejected drafts' K/V were written but are not the request's: compute from there again.
+                request.num_computed_tokens -= len(spec) + 1 - len(new_token_ids)
+                assert self.spec_decoding_stats is not None
+                self.spec_decoding_stats.observe(len(spec), len(new_token_ids) - 1)
             so_request = request.structured_output_request
             for n, token_id in enumerate(new_token_ids):
                 request.output_token_ids.append(token_id)
@@ -393,6 +444,8 @@ class Scheduler:
                 output.stop_reason = request.stop_reason
                 self._free_request(request)
                 stopped = True
+            elif self.spec_decoding_stats is not None:
+                self._set_spec_tokens(request, model_runner_output.spec_token_ids.get(req_id))
             outputs.append(output)
         # Prompt logprobs of chunks that sampled nothing still travel to the output processor.
         done = scheduler_output.prompt_done_req_ids
@@ -416,6 +469,22 @@ class Scheduler:
         if stopped:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
+
+    def _set_spec_tokens(self, request: Request, draft_token_ids: Optional[list[int]]) -> None:
+        """Keep the drafts the request can use, and free the blocks that neither its tokens nor its
+        next drafts occupy (those only rejected drafts filled)."""
+        drafts = draft_token_ids or []
+        if drafts:
+            params = request.sampling_params
+            max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
+            # The next step yields up to 1 + len(drafts) tokens; none past max_tokens or max_model_len.
+            room = min(max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens) - 1
+            drafts = drafts[:max(room, 0)]
+            so_request = request.structured_output_request
+            if drafts and so_request is not None:
+                drafts = so_request.valid_prefix(drafts)
+        request.spec_token_ids = drafts
+        self.kv_cache_manager.free_blocks_beyond(request, request.num_tokens + len(drafts))
 
     def _check_stop(self, request: Request) -> bool:
         params = request.sampling_params
@@ -446,4 +515,5 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             prefix_cache_queries=pc.queries,
             prefix_cache_hits=pc.hits,
+            spec_decoding=self.spec_decoding_stats,
         )
