@@ -6,7 +6,7 @@ from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from vlite.core.sched.scheduler import SchedulerStats
+from vlite.core.sched.scheduler import SchedulerStats, SpecDecodingStats
 from vlite.engine.output_processor import IterationStats
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -45,6 +45,15 @@ class PrometheusStatLogger:
                              buckets=_E2E_BUCKETS, registry=r)
         self.queue_time = Histogram("vllm:request_queue_time_seconds", "Time spent waiting before first scheduled.",
                                     labels, buckets=_E2E_BUCKETS, registry=r)
+        # Speculative decoding (vLLM's names): drafts verified, their tokens, those accepted (also by position).
+        self.spec_drafts = Counter("vllm:spec_decode_num_drafts", "Draft sequences verified.", labels, registry=r)
+        self.spec_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.", labels,
+                                         registry=r)
+        self.spec_accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", labels,
+                                     registry=r)
+        self.spec_accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted, by position in the draft.",
+                                             labels + ["position"], registry=r)
         self.model_name = model_name
         self._last: Optional[SchedulerStats] = None
         for m in (self.num_running, self.num_waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
@@ -61,6 +70,8 @@ class PrometheusStatLogger:
             self.prefix_queries.labels(name).inc(stats.prefix_cache_queries - (last.prefix_cache_queries if last else 0))
             self.prefix_hits.labels(name).inc(stats.prefix_cache_hits - (last.prefix_cache_hits if last else 0))
             self.preemptions.labels(name).inc(stats.num_preemptions - (last.num_preemptions if last else 0))
+            if stats.spec_decoding is not None:
+                self._log_spec_decoding(stats.spec_decoding, last.spec_decoding if last else None)
             self._last = stats
         if it is not None:
             self.generation_tokens.labels(name).inc(it.num_generation_tokens)
@@ -74,3 +85,12 @@ class PrometheusStatLogger:
                 self.e2e.labels(name).observe(f.e2e_latency)
                 if f.queue_time is not None:
                     self.queue_time.labels(name).observe(f.queue_time)
+
+    def _log_spec_decoding(self, spec: SpecDecodingStats, last: Optional[SpecDecodingStats]) -> None:
+        name = self.model_name
+        self.spec_drafts.labels(name).inc(spec.num_drafts - (last.num_drafts if last else 0))
+        self.spec_draft_tokens.labels(name).inc(spec.num_draft_tokens - (last.num_draft_tokens if last else 0))
+        self.spec_accepted.labels(name).inc(spec.num_accepted_tokens - (last.num_accepted_tokens if last else 0))
+        before = last.num_accepted_tokens_per_pos if last else []
+        for pos, n in enumerate(spec.num_accepted_tokens_per_pos):
+            self.spec_accepted_per_pos.labels(name, str(pos)).inc(n - (before[pos] if pos < len(before) else 0))

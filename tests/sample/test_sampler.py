@@ -18,7 +18,7 @@ import torch
 from vlite.sample import sampler as sampler_mod
 from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.sampler import (Sampler, apply_logits_processors, apply_min_p, apply_penalties,
-                                  apply_top_k_top_p, gather_logprobs, random_sample)
+                                  apply_top_k_top_p, gather_logprobs, random_sample, seeded_generator)
 from vlite.sampling_params import SamplingParams
 from vlite.worker.input_batch import InputBatch
 from vlite.worker.model_runner import ModelRunner
@@ -548,10 +548,9 @@ def test_runner_reuses_metadata_only_while_the_rows_are_unchanged():
     assert runner._make_sampling_metadata(rows) is not runner._make_sampling_metadata(rows)
 
 
-def add(runner: ModelRunner, req_id: str, prompt: list[int], output: list[int], params: SamplingParams,
-        generator: Optional[torch.Generator] = None) -> int:
+def add(runner: ModelRunner, req_id: str, prompt: list[int], output: list[int], params: SamplingParams) -> int:
     return runner.input_batch.add_request(req_id, prompt + output, len(prompt), len(prompt) + len(output) - 1,
-                                          [0], params, generator)
+                                          [0], params)
 
 
 def runner_reference(logits_row: list[float], prompt: list[int], output: list[int],
@@ -586,12 +585,8 @@ def test_runner_metadata_matches_reference():
                                      ignore_eos=True, stop_token_ids=[3], logprobs=-1)),
         "e": ([4, 4, 5], [EOS, 6], params(temperature=1.2, top_k=-1, min_tokens=2, stop_token_ids=[7])),
     }
-    gens = {}
     for req_id, (prompt, output, p) in reqs.items():
-        gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
-        row = add(runner, req_id, prompt, output, p, gen)
-        if gen is not None:
-            gens[row] = gen
+        add(runner, req_id, prompt, output, p)
     runner.input_batch.remove_request("gone")  # leaves a hole at row 1
     batch = runner.input_batch
     order = ["e", "a", "c", "d", "b"]  # an arbitrary order of rows
@@ -605,8 +600,10 @@ def test_runner_metadata_matches_reference():
     assert md.top_p.tolist() == pytest.approx([p.top_p for p in ps])
     assert md.min_p.tolist() == pytest.approx([p.min_p for p in ps])
     assert md.max_num_logprobs == RV
+    # The seeded request's generator is keyed by its seed and the position of the token to sample.
     assert set(md.generators) == {order.index("c")}
-    assert md.generators[order.index("c")] is gens[batch.req_id_to_index["c"]]
+    expected = seeded_generator(7, len(reqs["c"][1])).get_state()
+    assert torch.equal(md.generators[order.index("c")].get_state(), expected)
 
     # Padded prompt/output ids, as the penalty kernels expect them.
     prompts = [reqs[r][0] for r in order]
@@ -638,8 +635,7 @@ def test_runner_metadata_matches_reference():
 
 def test_runner_metadata_fast_paths_and_padding():
     runner = make_runner()
-    add(runner, "g1", [1, 2, 3], [4], SamplingParams(temperature=0.0, top_k=5, top_p=0.5, seed=3),
-        torch.Generator().manual_seed(3))
+    add(runner, "g1", [1, 2, 3], [4], SamplingParams(temperature=0.0, top_k=5, top_p=0.5, seed=3))
     add(runner, "g2", [5], [], SamplingParams(temperature=0.0))
     rows = np.array([0, 1])
     md = runner._make_sampling_metadata(rows)

@@ -11,9 +11,11 @@ The first rejected position i yields a token from the residual max(0, p_i - q_i)
 d_i, renormalized (greedy: the argmax); when all m are accepted, a bonus token comes from row m. The
 kept tokens are then distributed exactly as tokens sampled one step at a time.
 
-Random draws: a request with m drafts takes m + 1 uniforms per step (m acceptance tests, one sample),
-from its own generator when seeded, so its tokens do not depend on the rest of the batch; with no
-drafts that is the one uniform of the plain sampler.
+Seeded rows (md.generators: one generator per row, keyed by the request's seed and the token's
+position) sample their token t at row i as the plain sampler would (inverse CDF at the generator's
+uniform) and accept d_i iff it equals that token. For a one-hot q this is the same rule: d_i is kept
+with probability p_i(d_i), and a rejection yields p_i conditioned on not d_i, the residual. It makes a
+seeded request's tokens the same with any number of drafts, which depends on the batch.
 """
 
 from __future__ import annotations
@@ -35,87 +37,75 @@ class RejectionSamplerOutput:
     logprobs_tensors: Optional[LogprobsTensors]  # one row per output token, requests in order
 
 
-def rejection_sample(logits: torch.Tensor, md: SamplingMetadata, num_drafts: np.ndarray, draft_token_ids: np.ndarray,
-                     generators: dict[int, torch.Generator]) -> RejectionSamplerOutput:
+def rejection_sample(logits: torch.Tensor, md: SamplingMetadata, num_drafts: np.ndarray,
+                     draft_token_ids: np.ndarray) -> RejectionSamplerOutput:
     """logits [sum(num_drafts + 1), V]: request b's rows are consecutive, md per row.
 
-    num_drafts [B]; draft_token_ids [sum(num_drafts)] flat, requests in order; generators: request
-    index -> its generator (seeded requests).
+    num_drafts [B]; draft_token_ids [sum(num_drafts)] flat, requests in order.
     """
-    num_reqs = len(num_drafts)
+    num_reqs, num_rows = len(num_drafts), logits.shape[0]
     max_drafts = int(num_drafts.max()) if num_reqs else 0
     starts = np.zeros(num_reqs, dtype=np.int64)
     np.cumsum(num_drafts[:-1] + 1, out=starts[1:])
+    starts_t, num_drafts_t = torch.from_numpy(starts), torch.from_numpy(num_drafts)
 
     raw_logprobs, logits = process_logits(logits, md)
 
     # Drafts as a [B, max_drafts] grid (padding never accepted), and the rows that score them.
-    has_draft = np.arange(max_drafts)[None, :] < num_drafts[:, None]
-    drafts = np.zeros((num_reqs, max_drafts), dtype=np.int64)
-    drafts[has_draft] = draft_token_ids
-    draft_rows = torch.from_numpy(starts[:, None] + np.arange(max_drafts)[None, :])[torch.from_numpy(has_draft)]
-    draft_ids = torch.from_numpy(draft_token_ids.astype(np.int64, copy=False))
-    drafts_t = torch.from_numpy(drafts)
+    has_draft = torch.from_numpy(np.arange(max_drafts)[None, :] < num_drafts[:, None])
+    drafts = torch.zeros(num_reqs, max_drafts, dtype=torch.int64)
+    drafts[has_draft] = torch.from_numpy(draft_token_ids.astype(np.int64, copy=False))
+    draft_rows = (starts_t[:, None] + torch.arange(max_drafts)[None, :])[has_draft]
+    draft_ids = drafts[has_draft]
 
-    req_greedy = None if md.temperature is None else (md.temperature[torch.from_numpy(starts)] < 1e-5)
-    argmax = None if md.all_random else logits.argmax(dim=-1)
-    probs = None if md.all_greedy else target_probs(logits, md)
-    u = _uniforms(num_drafts, generators) if probs is not None else None
+    # Rows whose token is fixed before looking at the draft: greedy ones (argmax) and seeded ones.
+    fixed = torch.zeros(num_rows, dtype=torch.int64) if md.all_random else logits.argmax(dim=-1)
+    is_fixed = torch.ones(num_rows, dtype=torch.bool) if md.temperature is None else md.temperature < 1e-5
+    probs = None
+    if not md.all_greedy:
+        probs = target_probs(logits, md)
+        greedy = is_fixed.clone()
+        gens = {i: g for i, g in md.generators.items() if not greedy[i]}
+        if gens:
+            seeded = torch.tensor(list(gens))
+            u = torch.cat([torch.rand(1, generator=g) for g in gens.values()])
+            fixed[seeded] = inverse_cdf_sample(probs[seeded], u)
+            is_fixed[seeded] = True
+    # Unseeded random requests: an acceptance draw per draft and one for the token they end with.
+    u_req = torch.rand(num_reqs, max_drafts + 1) if probs is not None else None
 
     accept = torch.zeros(num_reqs, max_drafts, dtype=torch.bool)
     if max_drafts:
-        ok = torch.empty(len(draft_token_ids), dtype=torch.bool)
-        if argmax is not None:
-            ok = argmax[draft_rows] == draft_ids
-        if probs is not None:
-            assert u is not None
-            u_accept = u[:, :max_drafts][torch.from_numpy(has_draft)]
-            ok_random = u_accept < probs[draft_rows, draft_ids]
-            if argmax is None:
-                ok = ok_random
-            else:
-                assert req_greedy is not None
-                row_greedy = req_greedy.repeat_interleave(torch.from_numpy(num_drafts))
-                ok = torch.where(row_greedy, ok, ok_random)
-        accept[torch.from_numpy(has_draft)] = ok
+        ok = fixed[draft_rows] == draft_ids
+        if u_req is not None:
+            assert probs is not None
+            ok_random = u_req[:, :max_drafts][has_draft] < probs[draft_rows, draft_ids]
+            ok = torch.where(is_fixed[draft_rows], ok, ok_random)
+        accept[has_draft] = ok
     num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B] up to the first rejection
-    final_rows = torch.from_numpy(starts) + num_accepted
-
-    final = None if argmax is None else argmax[final_rows]
-    if probs is not None:
-        assert u is not None
-        p = probs[final_rows]
-        rejected = num_accepted < torch.from_numpy(num_drafts)
+    final_rows = starts_t + num_accepted
+    final = fixed[final_rows]
+    random_final = ~is_fixed[final_rows]
+    if u_req is not None and bool(random_final.any()):
+        assert probs is not None
+        reqs = torch.nonzero(random_final).flatten()
+        p = probs[final_rows[reqs]]
+        rejected = num_accepted[reqs] < num_drafts_t[reqs]
         if bool(rejected.any()):
-            rows = torch.nonzero(rejected).flatten()
-            p[rows, drafts_t[rows, num_accepted[rows]]] = 0.0  # the residual of a one-hot draft
-            empty = p.sum(dim=-1) <= 0  # p was all on the rejected draft (rounding): keep its argmax
+            r = torch.nonzero(rejected).flatten()
+            p[r, drafts[reqs[r], num_accepted[reqs[r]]]] = 0.0  # the residual of a one-hot draft
+            empty = p.sum(dim=-1) <= 0  # all of p was on the rejected draft (rounding): sample p itself
             if bool(empty.any()):
-                p[empty] = probs[final_rows[empty]]
-        sampled = inverse_cdf_sample(p, u[torch.arange(num_reqs), torch.from_numpy(num_drafts)])
-        final = sampled if final is None else torch.where(req_greedy, final, sampled)
-    assert final is not None
+                p[empty] = probs[final_rows[reqs[empty]]]
+        final[reqs] = inverse_cdf_sample(p, u_req[reqs, num_drafts_t[reqs]])
 
     n_acc = num_accepted.numpy()
-    final_list = final.tolist()
-    outputs = [row[:n].tolist() + [f] for row, n, f in zip(drafts, n_acc, final_list)]
+    outputs = [row[:n].tolist() + [f] for row, n, f in zip(drafts.numpy(), n_acc, final.tolist())]
     lp = None
     if raw_logprobs is not None:
         # One row per output token: rows starts[b] .. starts[b] + n_acc[b].
         counts = n_acc + 1
-        out_rows = np.repeat(starts, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts,
-                                                                                     counts))
+        out_rows = np.repeat(starts, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         tokens = torch.tensor([t for out in outputs for t in out], dtype=torch.int64)
         lp = gather_logprobs(raw_logprobs[torch.from_numpy(out_rows)], md.max_num_logprobs or 0, tokens)
     return RejectionSamplerOutput(n_acc, outputs, lp)
-
-
-def _uniforms(num_drafts: np.ndarray, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """[B, max_drafts + 1]: request b's acceptance draws in columns 0..m_b-1 and its sample's in column m_b."""
-    num_reqs = len(num_drafts)
-    width = int(num_drafts.max()) + 1
-    u = torch.rand(num_reqs, width) if len(generators) < num_reqs else torch.empty(num_reqs, width)
-    for b, gen in generators.items():
-        m = int(num_drafts[b])
-        u[b, :m + 1] = torch.rand(m + 1, generator=gen)
-    return u

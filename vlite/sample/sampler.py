@@ -155,12 +155,18 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+def seeded_generator(seed: int, position: int) -> torch.Generator:
+    """The generator of a seeded request's output token `position`: a request's samples then depend
+    only on its seed and tokens (not on the batch, preemptions, or speculative decoding's drafts)."""
+    return torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + position) & 0xFFFFFFFFFFFFFFFF)
+
+
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """Inverse-CDF sampling: one uniform draw per row, located in the row's cumulative sum.
 
     (On a CPU this beats the exponential race used on GPUs, which draws a random number for every
-    vocabulary entry.) A seeded row draws its uniform from its own generator, one per step, so its
-    samples do not depend on the rest of the batch.
+    vocabulary entry.) A seeded row draws its uniform from its own generator (see seeded_generator),
+    so its samples do not depend on the rest of the batch.
     """
     u = torch.rand(probs.shape[0]) if len(generators) < probs.shape[0] else torch.empty(probs.shape[0])
     for row, gen in generators.items():

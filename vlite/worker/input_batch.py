@@ -11,7 +11,6 @@ import heapq
 from typing import Optional
 
 import numpy as np
-import torch
 
 from vlite.sampling_params import SamplingParams
 
@@ -43,7 +42,7 @@ class InputBatch:
         self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int64)  # -1: none
         self.min_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.sampling_params: list[Optional[SamplingParams]] = [None] * max_num_reqs
-        self.generators: dict[int, torch.Generator] = {}
+        self.seeds: dict[int, int] = {}  # row -> seed of a seeded request
         # Rarely used processors, kept sparse: row -> data.
         self.allowed_token_ids: dict[int, list[int]] = {}
         self.logit_bias: dict[int, dict[int, float]] = {}
@@ -58,7 +57,7 @@ class InputBatch:
         return len(self.req_id_to_index)
 
     def add_request(self, req_id: str, token_ids: list[int], num_prompt_tokens: int, num_computed_tokens: int,
-                    block_ids: list[int], params: SamplingParams, generator: Optional[torch.Generator]) -> int:
+                    block_ids: list[int], params: SamplingParams) -> int:
         if not self._free_rows:
             raise RuntimeError(f"input batch is full ({self.max_num_reqs} requests)")
         row = heapq.heappop(self._free_rows)
@@ -84,8 +83,8 @@ class InputBatch:
         lp = params.logprobs
         self.num_logprobs[row] = -1 if lp is None else (self.vocab_size if lp == -1 else min(lp, self.vocab_size))
         self.min_tokens[row] = params.min_tokens
-        if generator is not None:
-            self.generators[row] = generator
+        if params.seed is not None:
+            self.seeds[row] = params.seed
         if params.allowed_token_ids:
             self.allowed_token_ids[row] = list(params.allowed_token_ids)
         if params.logit_bias:
@@ -108,7 +107,7 @@ class InputBatch:
         self.version += 1
         self.req_ids[row] = None
         self.sampling_params[row] = None
-        for sparse in (self.generators, self.allowed_token_ids, self.logit_bias, self.bad_words,
+        for sparse in (self.seeds, self.allowed_token_ids, self.logit_bias, self.bad_words,
                        self.stop_token_ids):
             sparse.pop(row, None)
         heapq.heappush(self._free_rows, row)

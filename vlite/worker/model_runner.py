@@ -28,7 +28,7 @@ from vlite.models.registry import build_model
 from vlite.profiler import section
 from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.rejection_sampler import rejection_sample
-from vlite.sample.sampler import Sampler, gather_logprobs
+from vlite.sample.sampler import Sampler, gather_logprobs, seeded_generator
 from vlite.sampling_params import SamplingParams
 from vlite.worker.input_batch import InputBatch
 
@@ -49,7 +49,6 @@ class CachedRequestState:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    generator: torch.Generator | None
     # Prompt positions whose logprobs were already reported (a preempted request recomputes them).
     num_prompt_logprobs_done: int = 0
 
@@ -106,7 +105,7 @@ class ModelRunner:
     def reset(self) -> None:
         """Forget the batch after a step raised: the scheduler re-sends every request as new.
 
-        Request states are kept, so a seeded request's generator continues where it was.
+        Request states are kept (what prompt logprobs were reported).
         """
         self.input_batch = InputBatch(*self._input_batch_args)
         self._step = None
@@ -137,18 +136,14 @@ class ModelRunner:
             batch.remove_request(req_id)
             self.requests.pop(req_id, None)
         for req_id in so.preempted_req_ids:
-            batch.remove_request(req_id)  # keep the state: its generator must continue, not restart
+            batch.remove_request(req_id)  # keep the state: it resumes
         for new in so.scheduled_new_reqs:
             state = self.requests.get(new.req_id)
             if state is None:
-                params = new.sampling_params
-                gen = None
-                if params.seed is not None:
-                    gen = torch.Generator().manual_seed(params.seed)
-                state = CachedRequestState(new.req_id, new.prompt_token_ids, params, gen)
+                state = CachedRequestState(new.req_id, new.prompt_token_ids, new.sampling_params)
                 self.requests[new.req_id] = state
             batch.add_request(new.req_id, new.prompt_token_ids + new.output_token_ids, len(new.prompt_token_ids),
-                              new.num_computed_tokens, new.block_ids, state.sampling_params, state.generator)
+                              new.num_computed_tokens, new.block_ids, state.sampling_params)
         cached = so.scheduled_cached_reqs
         for req_id, new_block_ids, num_computed, num_blocks in zip(cached.req_ids, cached.new_block_ids,
                                                                     cached.num_computed_tokens,
@@ -277,9 +272,8 @@ class ModelRunner:
             if grammar_output is not None:
                 with section("grammar_mask"):
                     self._apply_grammar_bitmask(step, grammar_output)
-            generators = {i: batch.generators[int(r)] for i, r in enumerate(rows) if int(r) in batch.generators}
             assert step.draft_token_ids is not None
-            verified = rejection_sample(step.logits, metadata, step.num_drafts, step.draft_token_ids, generators)
+            verified = rejection_sample(step.logits, metadata, step.num_drafts, step.draft_token_ids)
             token_lists = verified.output_token_ids
             counts = verified.num_accepted + 1
             lt = verified.logprobs_tensors
@@ -392,7 +386,8 @@ class ModelRunner:
             return cached[1]
         md = self._build_sampling_metadata(rows, offsets)
         per_step = (not md.no_penalties or md.min_tokens is not None or md.disallowed_mask is not None
-                    or md.logit_bias is not None or md.bad_words_token_ids or (b.min_tokens[rows] > 0).any())
+                    or md.logit_bias is not None or md.bad_words_token_ids or (b.min_tokens[rows] > 0).any()
+                    or md.generators)
         self._md_cache = None if per_step else (key, md)
         return md
 
@@ -418,7 +413,10 @@ class ModelRunner:
             top_p=col(top_p, 1.0),
             top_k=torch.from_numpy(np.where(top_k > 0, top_k, self.vocab_size)) if (top_k > 0).any() else None,
             min_p=col(min_p, 0.0),
-            generators={pos[0]: g for r, g in b.generators.items() if (pos := positions.get(r)) is not None},
+            # A seeded request draws the uniform of output token t from a generator keyed by (seed, t):
+            # its tokens then depend on nothing else, not even on how many drafts a step verified.
+            generators={i: seeded_generator(seed, int(num_tokens[i] - b.num_prompt_tokens[r]))
+                        for r, seed in b.seeds.items() if b.temperature[r] >= 1e-5 for i in positions.get(r, ())},
             max_num_logprobs=int(num_logprobs.max()) if (num_logprobs >= 0).any() else None,
             presence_penalties=col(b.presence_penalty[rows], 0.0),
             frequency_penalties=col(b.frequency_penalty[rows], 0.0),

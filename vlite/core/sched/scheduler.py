@@ -50,6 +50,10 @@ class SpecDecodingStats:
         for i in range(num_accepted_tokens):
             per_pos[i] += 1
 
+    def copy(self) -> SpecDecodingStats:
+        return SpecDecodingStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                                 list(self.num_accepted_tokens_per_pos))
+
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
@@ -515,5 +519,5 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             prefix_cache_queries=pc.queries,
             prefix_cache_hits=pc.hits,
-            spec_decoding=self.spec_decoding_stats,
+            spec_decoding=self.spec_decoding_stats.copy() if self.spec_decoding_stats is not None else None,
         )

@@ -1,0 +1,108 @@
+"""Speculative decoding on the real model (float32): greedy outputs token-identical to decoding
+without it, in mixed batches with chunked prefills, with processors, stops, preemption and
+structured outputs; seeded sampling independent of the batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlite import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+ENGINE = dict(dtype="float32", max_num_batched_tokens=128, kv_cache_memory_bytes=128 * 2**20)
+
+
+@pytest.fixture(scope="module")
+def llm_spec():
+    return LLM(speculative_config=SPEC, **ENGINE)
+
+
+def _tokens(outputs) -> list[list[int]]:
+    return [list(c.token_ids) for o in outputs for c in o.outputs]
+
+
+def _assert_no_leak(llm: LLM) -> None:
+    m = llm.llm_engine.get_metrics()
+    assert m["num_free_kv_blocks"] == m["num_kv_blocks"]
+
+
+def test_greedy_identical_mixed_batch_chunked_prefill(llm_spec, llm_fp32, prompts):
+    """Eight prompts of 1-600 tokens (Python sources: much to look up) in one generate, prefilled in
+    128-token chunks beside other requests' decodes and verify steps."""
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, logprobs=1)
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    ref = llm_fp32.generate(batch, params, use_tqdm=False)
+    before = llm_spec.llm_engine.engine_core.make_stats().spec_decoding.num_accepted_tokens
+    out = llm_spec.generate(batch, params, use_tqdm=False)
+    assert _tokens(out) == _tokens(ref)
+    for a, b in zip(out, ref):  # logprobs of every token, also the accepted drafts
+        la, lb = a.outputs[0].logprobs, b.outputs[0].logprobs
+        assert [list(x) for x in la] == [list(x) for x in lb]
+        assert all(abs(x[t].logprob - y[t].logprob) < 1e-3 for x, y in zip(la, lb) for t in x)
+    stats = llm_spec.llm_engine.engine_core.make_stats().spec_decoding
+    assert stats.num_accepted_tokens - before > 50  # speculation did happen
+    _assert_no_leak(llm_spec)
+
+
+def test_greedy_identical_with_processors_stops_and_n(llm_spec, llm_fp32, hf_tokenizer):
+    texts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
+             "one two three four five one two three four five one two three",
+             "The list: apple, banana, cherry, apple, banana, cherry, apple,"]
+    banana = hf_tokenizer.encode(" banana")
+    cases = [
+        SamplingParams(temperature=0.0, max_tokens=40, repetition_penalty=1.3, frequency_penalty=0.2,
+                       presence_penalty=0.3),
+        SamplingParams(temperature=0.0, max_tokens=40, min_tokens=30, logit_bias={banana[0]: -2.0}),
+        SamplingParams(temperature=0.0, max_tokens=40, bad_words=[" four five"], stop=["cherry, apple"]),
+        SamplingParams(temperature=0.0, max_tokens=7, n=2),
+        SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[hf_tokenizer.encode(",")[0]],
+                       include_stop_str_in_output=True),
+    ]
+    for params in cases:
+        ref = llm_fp32.generate(texts, params, use_tqdm=False)
+        out = llm_spec.generate(texts, params, use_tqdm=False)
+        assert _tokens(out) == _tokens(ref), params
+        assert [c.text for o in out for c in o.outputs] == [c.text for o in ref for c in o.outputs]
+        assert [c.finish_reason for o in out for c in o.outputs] == [c.finish_reason for o in ref for c in o.outputs]
+    _assert_no_leak(llm_spec)
+
+
+def test_structured_output_identical(llm_spec, llm_fp32):
+    pytest.importorskip("xgrammar")
+    from vlite.sampling_params import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items":
+              {"type": "string"}}}, "required": ["name", "tags"]}
+    prompt = 'Output JSON. {"name": "box", "tags": ["red", "blue", "red", "blue"]} and again:'
+    params = SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=schema))
+    ref = llm_fp32.generate([prompt], params, use_tqdm=False)
+    out = llm_spec.generate([prompt], params, use_tqdm=False)
+    assert _tokens(out) == _tokens(ref)
+
+
+def test_preemption_identical(prompts):
+    """A KV cache of 24 blocks (384 tokens) for 4 requests of 12-260 + 48 tokens: requests are preempted and
+    recomputed, their drafts dropped and proposed again."""
+    block_bytes = 2 * 30 * 16 * 3 * 64 * 4  # K and V, 30 layers, 16 tokens, 3 KV heads of 64, float32
+    engine = dict(ENGINE, kv_cache_memory_bytes=24 * block_bytes)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    batch = [{"prompt_token_ids": p} for p in prompts[2:6]]
+    base = LLM(**engine)
+    ref = base.generate(batch, params, use_tqdm=False)
+    spec = LLM(speculative_config=SPEC, **engine)
+    out = spec.generate(batch, params, use_tqdm=False)
+    assert _tokens(out) == _tokens(ref)
+    assert spec.llm_engine.engine_core.make_stats().num_preemptions > 0
+    _assert_no_leak(spec)
+
+
+def test_seeded_sampling_independent_of_batch(llm_spec, prompts):
+    seeded = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=1234)
+    others = SamplingParams(temperature=1.0, max_tokens=30)
+    target = {"prompt_token_ids": prompts[4]}
+    alone = llm_spec.generate([target], seeded, use_tqdm=False)
+    crowd = llm_spec.generate([{"prompt_token_ids": p} for p in prompts[:4]] + [target],
+                              [others] * 4 + [seeded], use_tqdm=False)
+    assert _tokens(alone)[0] == _tokens(crowd)[-1]
