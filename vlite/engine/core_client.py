@@ -59,13 +59,16 @@ class AsyncMPClient:
         self._pending_utility: dict[int, asyncio.Future] = {}
         self.ready: Optional[EngineReady] = None
         self._closed = False
+        # The engine core reported a fatal error and is exiting: send it nothing more (a message to a
+        # process that no longer reads its socket would wait forever).
+        self._failed = False
 
     @property
     def engine_pid(self) -> Optional[int]:
         return self.proc.pid
 
     def is_alive(self) -> bool:
-        return not self._closed and self.proc.is_alive()
+        return not self._closed and not self._failed and self.proc.is_alive()
 
     async def wait_ready(self, timeout: float = 600.0) -> EngineReady:
         """Wait for the engine core's READY message (or its load error)."""
@@ -107,6 +110,8 @@ class AsyncMPClient:
         if not await self.output_socket.poll(poll_ms):
             return None
         msg = decode_outputs(await self.output_socket.recv())
+        if msg.engine_error and self.ready is not None:
+            self._failed = True
         if msg.utility_call_id is not None:
             future = self._pending_utility.pop(msg.utility_call_id, None)
             if future is not None and not future.done():
@@ -168,7 +173,7 @@ class DPAsyncMPClient:
         self._owner: dict[str, int] = {}  # request id -> its core
         self._load = [0] * len(self.clients)  # unfinished requests per core
         self._stats: list[Optional[SchedulerStats]] = [None] * len(self.clients)
-        self._failed: list[EngineCoreOutputs] = []  # requests of a core that died, to report
+        self._dead_core_outputs: list[EngineCoreOutputs] = []  # requests of a core that died, to report
         self._next_poll = 0
         self._last_liveness = 0.0
         self.ready: Optional[EngineReady] = None
@@ -223,8 +228,8 @@ class DPAsyncMPClient:
 
     async def get_output(self, poll_ms: int = 500) -> Optional[EngineCoreOutputs]:
         self._check_liveness()
-        if self._failed:
-            return self._failed.pop(0)
+        if self._dead_core_outputs:
+            return self._dead_core_outputs.pop(0)
         live = [i for i, ok in enumerate(self._alive) if ok]
         if not live:
             return None
@@ -240,7 +245,7 @@ class DPAsyncMPClient:
                 msg = await self.clients[i].get_output(0)
                 return None if msg is None else self._account(i, msg)
         self._check_liveness(force=True)
-        return self._failed.pop(0) if self._failed else None
+        return self._dead_core_outputs.pop(0) if self._dead_core_outputs else None
 
     def _account(self, core: int, msg: EngineCoreOutputs) -> EngineCoreOutputs:
         """Count finished requests off their core, sum the stats, turn one core's fatal error into
@@ -286,7 +291,7 @@ class DPAsyncMPClient:
         for i, c in enumerate(self.clients):
             if self._alive[i] and not c.proc.is_alive():
                 failed = self._core_died(i, f"engine core {i} died (exit code {c.proc.exitcode})")
-                self._failed.append(EngineCoreOutputs(failed_requests=failed, stats=self._summed_stats()))
+                self._dead_core_outputs.append(EngineCoreOutputs(failed_requests=failed, stats=self._summed_stats()))
 
     def _summed_stats(self) -> Optional[SchedulerStats]:
         known = [s for s in self._stats if s is not None]

@@ -133,7 +133,7 @@ class MultiprocExecutor(WorkerGroupExecutor):
 
     def _exit_message(self, rank: int) -> str:
         proc = self.procs[rank]
-        proc.join(0.1)
+        proc.join(1.0)  # its sentinel fired: it is gone, only not yet reaped
         return f"worker rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}"
 
     def _kill_workers(self) -> None:

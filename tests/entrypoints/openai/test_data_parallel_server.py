@@ -70,7 +70,7 @@ def test_two_cores_share_the_load_and_fail_alone(tmp_path_factory):
         async def kill_one() -> list[dict]:
             async with httpx.AsyncClient(base_url=srv.url, headers=srv.headers, timeout=300) as client:
                 started = [asyncio.Event() for _ in range(8)]
-                tasks = [asyncio.create_task(_stream(client, PROMPTS[i], 400, started[i])) for i in range(8)]
+                tasks = [asyncio.create_task(_stream(client, PROMPTS[i], 100, started[i])) for i in range(8)]
                 await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
                 os.kill(cores[1], signal.SIGKILL)
                 return await asyncio.wait_for(asyncio.gather(*tasks), 240)
