@@ -175,6 +175,7 @@ class DPAsyncMPClient:
         self._stats: list[Optional[SchedulerStats]] = [None] * len(self.clients)
         self._dead_core_outputs: list[EngineCoreOutputs] = []  # requests of a core that died, to report
         self._next_poll = 0
+        self._next_route = 0
         self._last_liveness = 0.0
         self.ready: Optional[EngineReady] = None
 
@@ -198,7 +199,10 @@ class DPAsyncMPClient:
         live = [i for i, ok in enumerate(self._alive) if ok]
         if not live:
             raise EngineDeadError("no engine core is running")
-        core = min(live, key=lambda i: self._load[i])
+        n = len(self.clients)
+        # fewest unfinished requests; ties in turn, so a lone client's requests alternate between cores
+        core = min(live, key=lambda i: (self._load[i], (i - self._next_route) % n))
+        self._next_route = (core + 1) % n
         self._owner[request.request_id] = core
         self._load[core] += 1
         await self.clients[core].add_request(request)
