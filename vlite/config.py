@@ -153,6 +153,10 @@ class SpeculativeConfig:
     `max_num_batched_draft_tokens` caps a step's verify tokens (sampled requests plus their drafts):
     past it a CPU step is compute-bound, so drafts would cost as much as the tokens they save
     (None: vlite's default). `disable_by_batch_size` (vLLM's key): no drafts while more requests run.
+    `draft_policy`: "adaptive" (default; vlite.spec_decode.draft_policy) drafts per request what pays at
+    its acceptance so far, in steps where every sampled request has drafts; "always" drafts up to
+    num_speculative_tokens whenever there is a match (vLLM's behaviour; for hardware where verifying is
+    nearly free).
     """
 
     method: str = "ngram"
@@ -161,6 +165,7 @@ class SpeculativeConfig:
     prompt_lookup_max: Optional[int] = None
     max_num_batched_draft_tokens: Optional[int] = None
     disable_by_batch_size: Optional[int] = None
+    draft_policy: str = "adaptive"
 
     DEFAULT_PROMPT_LOOKUP = 5  # vLLM's default n when neither bound is given
     DEFAULT_MAX_VERIFY_TOKENS = 16
@@ -185,6 +190,8 @@ class SpeculativeConfig:
             raise ValueError(f"{name}.prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
         object.__setattr__(self, "prompt_lookup_min", lo)
         object.__setattr__(self, "prompt_lookup_max", hi)
+        if self.draft_policy not in ("adaptive", "always"):
+            raise ValueError(f"{name}.draft_policy must be 'adaptive' or 'always', got {self.draft_policy!r}")
         for key in ("max_num_batched_draft_tokens", "disable_by_batch_size"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

@@ -1,7 +1,12 @@
-"""Benchmark requests: random token-id prompts, or a JSON file of them.
+"""Benchmark requests: random token-id prompts, input-grounded chat prompts, or a JSON file of them.
 
-A request is a prompt as token ids plus the exact number of tokens to generate (the benchmarks
-set `ignore_eos=True`, so every request produces exactly `output_len` tokens).
+A request is a prompt as token ids plus the number of tokens to generate: exactly `output_len` for
+random and JSON requests (`ignore_eos=True`); at most `output_len` for the "copy" ones, which end
+where the model ends its answer.
+
+"copy" (`copy_requests`): chat prompts whose answers repeat long spans of the prompt, the kind of
+work n-gram speculative decoding is for: repeat a passage, correct its typos, or return a function
+with a docstring added. Passages and functions come from Python's own standard library sources.
 
 JSON dataset format (`--dataset-path`): a list of objects
 
@@ -21,6 +26,7 @@ from typing import Any, Iterable, Optional, Sequence
 class BenchRequest:
     prompt_token_ids: list[int]
     output_len: int
+    ignore_eos: bool = True  # False: at most output_len tokens, up to the model's end of answer
 
     @property
     def prompt_len(self) -> int:
@@ -113,3 +119,66 @@ def load_json_dataset(path: str, num_prompts: Optional[int] = None) -> list[Benc
 def summarize(requests: Sequence[BenchRequest]) -> dict[str, int]:
     return {"num_requests": len(requests), "input_tokens": sum(r.prompt_len for r in requests),
             "output_tokens": sum(r.output_len for r in requests)}
+
+
+_COPY_MODULES = ("textwrap", "json", "argparse", "collections", "functools", "pathlib", "shutil", "tempfile",
+                 "logging", "csv", "heapq", "bisect", "fractions", "statistics", "string", "calendar")
+
+
+def _passages_and_functions() -> tuple[list[str], list[str]]:
+    """Prose passages (docstrings of 40-160 words) and short functions (5-25 lines) from the stdlib."""
+    import importlib
+    import inspect
+
+    passages, functions = [], []
+    for name in _COPY_MODULES:
+        module = importlib.import_module(name)
+        for _, obj in sorted(vars(module).items()):
+            if not (inspect.isfunction(obj) or inspect.isclass(obj)) or getattr(obj, "__module__", None) != name:
+                continue
+            doc = " ".join((inspect.getdoc(obj) or "").split())
+            if 40 <= len(doc.split()) <= 160:
+                passages.append(doc)
+            if inspect.isfunction(obj):
+                try:
+                    src = inspect.getsource(obj)
+                except (OSError, TypeError):
+                    continue
+                if 5 <= src.count("\n") <= 25:
+                    functions.append(src)
+    return passages, functions
+
+
+def _with_typos(text: str, rng: random.Random, n: int = 4) -> str:
+    words = text.split(" ")
+    for i in rng.sample(range(len(words)), min(n, len(words))):
+        w = words[i]
+        if len(w) > 3:
+            j = rng.randrange(1, len(w) - 1)
+            words[i] = w[:j] + w[j + 1] + w[j] + w[j + 2:]
+    return " ".join(words)
+
+
+def copy_requests(tokenizer: Any, num_prompts: int, output_len: int, seed: int = 0) -> list[BenchRequest]:
+    """Chat prompts whose answers copy spans of the prompt (see the module docstring); the same
+    arguments give the same requests."""
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be at least 1, got {num_prompts}")
+    passages, functions = _passages_and_functions()
+    rng = random.Random(seed)
+    requests = []
+    for i in range(num_prompts):
+        kind = i % 3
+        if kind == 0:
+            text = f"Repeat the following text exactly, word for word:\n\n{rng.choice(passages)}"
+        elif kind == 1:
+            text = ("Correct the spelling mistakes in the following text and return the whole corrected text:"
+                    f"\n\n{_with_typos(rng.choice(passages), rng)}")
+        else:
+            text = f"Add a docstring to this Python function and return the whole function:\n\n{rng.choice(functions)}"
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        if not isinstance(ids, list):  # a BatchEncoding in newer transformers
+            ids = list(ids["input_ids"])
+        requests.append(BenchRequest(list(ids), output_len, ignore_eos=False))
+    return requests

@@ -19,7 +19,7 @@ import argparse
 import time
 from typing import Any
 
-from vlite.benchmarks.datasets import allowed_token_ids, random_requests, tokenizer_special_ids
+from vlite.benchmarks.datasets import allowed_token_ids, copy_requests, random_requests, tokenizer_special_ids
 from vlite.benchmarks.utils import (
     add_output_args,
     describe,
@@ -30,6 +30,8 @@ from vlite.benchmarks.utils import (
     positive_int,
     print_hardware,
     setup_profiler,
+    spec_decoding_report,
+    spec_decoding_rows,
     write_json,
 )
 from vlite.entrypoints.cli import _add_common_args, _load_engine, add_engine_args
@@ -54,17 +56,21 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                        help="iterations run first and not measured (default: %(default)s)")
     group.add_argument("--temperature", type=float, default=0.0, metavar="T",
                        help="sampling temperature; 0 is greedy (default: %(default)s)")
+    group.add_argument("--dataset", default="random", choices=["random", "copy"],
+                       help="random token-id prompts of --input-len (exactly --output-len tokens generated), or "
+                            "chat prompts whose answers copy spans of the prompt (at most --output-len tokens, "
+                            "to the model's end of answer; see vlite.benchmarks.datasets) (default: %(default)s)")
     add_output_args(parser)
     _add_common_args(parser)
     add_engine_args(parser)
 
 
 def run_batch(engine: Any, prompts: list[list[int]], output_len: int, temperature: float = 0.0,
-              tag: str = "lat") -> dict[str, Any]:
+              tag: str = "lat", ignore_eos: bool = True) -> dict[str, Any]:
     """Run one batch to completion; per-request token timestamps relative to t0 (seconds)."""
     from vlite.sampling_params import RequestOutputKind, SamplingParams
 
-    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True,
+    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=ignore_eos,
                             output_kind=RequestOutputKind.DELTA)
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     stamps: dict[str, list[float]] = {rid: [] for rid in ids}
@@ -117,21 +123,30 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
     engine = _load_engine(ns)
     pool = allowed_token_ids(engine.input_processor.vocab_size, tokenizer_special_ids(engine.get_tokenizer()))
 
+    copy = ns.dataset == "copy"
+
     def prompts_for(iteration: int) -> list[list[int]]:
-        reqs = random_requests(ns.batch_size, ns.input_len, 1, 0.0, ns.seed * 100003 + iteration, token_ids=pool)
+        seed = ns.seed * 100003 + iteration
+        if copy:
+            reqs = copy_requests(engine.get_tokenizer(), ns.batch_size * (abs(iteration) + 1), ns.output_len, seed)
+            reqs = reqs[-ns.batch_size:]  # each iteration's own: the kinds of prompt take turns
+        else:
+            reqs = random_requests(ns.batch_size, ns.input_len, 1, 0.0, seed, token_ids=pool)
         return [r.prompt_token_ids for r in reqs]
 
     for i in range(ns.num_iters_warmup):
-        run_batch(engine, prompts_for(-1 - i), ns.output_len, ns.temperature, tag=f"warmup{i}")
+        run_batch(engine, prompts_for(-1 - i), ns.output_len, ns.temperature, tag=f"warmup{i}", ignore_eos=not copy)
         engine.reset_prefix_cache()
     profiler.reset()
     batches = []
     wall = 0.0
+    spec_before = engine.engine_core.make_stats().spec_decoding
     for i, prompts in enumerate([prompts_for(i) for i in range(ns.num_iters)]):
-        b = run_batch(engine, prompts, ns.output_len, ns.temperature, tag=f"iter{i}")
+        b = run_batch(engine, prompts, ns.output_len, ns.temperature, tag=f"iter{i}", ignore_eos=not copy)
         wall += b["batch_s"]
         batches.append(b)
         engine.reset_prefix_cache()
+    spec = spec_decoding_report(spec_before, engine.engine_core.make_stats().spec_decoding)
 
     stats = latency_stats(batches)
     results: dict[str, Any] = {
@@ -141,8 +156,11 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
         "args": jsonable_args(ns),
         "hardware": hardware_report(engine),
         **stats,
-        "output_tokens_per_s": ns.batch_size * ns.output_len / (stats["batch_ms"]["mean"] / 1e3),
+        "output_tokens_per_s": (sum(len(s) for b in batches for s in b["stamps"]) / len(batches)
+                                / (stats["batch_ms"]["mean"] / 1e3)),
     }
+    if spec is not None:
+        results["spec_decoding"] = spec
     if ns.batch_size == 1 and stats["itl_ms"]["count"]:
         results["single_stream_decode_tokens_per_s"] = 1e3 / stats["itl_ms"]["mean"]
 
@@ -153,6 +171,8 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
     print(f"output throughput of the batch: {results['output_tokens_per_s']:.2f} tok/s")
     if "single_stream_decode_tokens_per_s" in results:
         print(f"single-stream decode: {results['single_stream_decode_tokens_per_s']:.2f} tok/s (1 / mean ITL)")
+    for label, value in spec_decoding_rows(spec):
+        print(f"{label}: {value:.3f}" if isinstance(value, float) else f"{label}: {value}")
     finish_profiler(results, wall)
     write_json(ns.output_json, results)
     return results

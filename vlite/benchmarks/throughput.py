@@ -24,7 +24,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from vlite.benchmarks.datasets import BenchRequest, load_json_dataset, random_requests, summarize, tokenizer_special_ids
+from vlite.benchmarks.datasets import (BenchRequest, copy_requests, load_json_dataset, random_requests, summarize,
+                                       tokenizer_special_ids)
 from vlite.benchmarks.utils import (
     add_dataset_args,
     add_output_args,
@@ -35,6 +36,8 @@ from vlite.benchmarks.utils import (
     print_block,
     print_hardware,
     setup_profiler,
+    spec_decoding_report,
+    spec_decoding_rows,
     write_json,
 )
 from vlite.entrypoints.cli import _add_common_args, _configure_quiet, add_engine_args, engine_args_from_cli
@@ -74,6 +77,10 @@ def get_requests(ns: argparse.Namespace, tokenizer: Any = None, vocab_size: int 
     """The benchmark's requests from the parsed flags (the random ones need the model's vocabulary)."""
     if ns.dataset_path:
         return load_json_dataset(ns.dataset_path, ns.num_prompts)
+    if ns.dataset == "copy":
+        if tokenizer is None:
+            raise ValueError("copy prompts need the model's tokenizer")
+        return copy_requests(tokenizer, ns.num_prompts or DEFAULT_NUM_PROMPTS, ns.output_len, ns.seed)
     if vocab_size is None:
         raise ValueError("random prompts need the model's vocab_size")
     return random_requests(ns.num_prompts or DEFAULT_NUM_PROMPTS, ns.input_len, ns.output_len, ns.range_ratio,
@@ -101,7 +108,7 @@ def run_vlite(llm: Any, requests: list[BenchRequest], temperature: float = 1.0, 
     from vlite.sampling_params import SamplingParams
 
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-    params = [SamplingParams(temperature=temperature, top_p=1.0, max_tokens=r.output_len, ignore_eos=True,
+    params = [SamplingParams(temperature=temperature, top_p=1.0, max_tokens=r.output_len, ignore_eos=r.ignore_eos,
                              detokenize=True) for r in requests]
     if warmup:
         first = requests[0]
@@ -109,16 +116,21 @@ def run_vlite(llm: Any, requests: list[BenchRequest], temperature: float = 1.0, 
                      SamplingParams(temperature=temperature, max_tokens=2, ignore_eos=True), use_tqdm=False)
         llm.reset_prefix_cache()
     profiler.reset()
+    spec_before = llm.llm_engine.engine_core.make_stats().spec_decoding
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=progress)
     elapsed = time.perf_counter() - start
+    spec = spec_decoding_report(spec_before, llm.llm_engine.engine_core.make_stats().spec_decoding)
     input_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     expected = sum(r.output_len for r in requests)
-    if output_tokens != expected:
+    if output_tokens != expected and all(r.ignore_eos for r in requests):
         print(f"warning: generated {output_tokens} tokens, expected {expected} (max_model_len reached?)",
               file=sys.stderr)
-    return _rates(len(outputs), input_tokens, output_tokens, elapsed)
+    rates: dict[str, Any] = _rates(len(outputs), input_tokens, output_tokens, elapsed)
+    if spec is not None:
+        rates["spec_decoding"] = spec
+    return rates
 
 
 # --------------------------------------------------------------------------------------------------
@@ -206,7 +218,7 @@ def _report_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("Input tok/s", r["input_tokens_per_s"]),
         ("Output tok/s", r["output_tokens_per_s"]),
         ("Total tok/s", r["total_tokens_per_s"]),
-    ]
+    ] + spec_decoding_rows(r.get("spec_decoding"))
 
 
 def run_throughput(ns: argparse.Namespace) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import json
 import math
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 from vlite import profiler
 from vlite.entrypoints.cli import _non_negative_int, _positive_int
@@ -30,8 +30,11 @@ def range_ratio(text: str) -> float:
 def add_dataset_args(parser: argparse.ArgumentParser, default_num_prompts: int) -> Any:
     """The dataset flags shared by the offline and the serving benchmark; returns their group."""
     group = parser.add_argument_group("dataset options")
-    group.add_argument("--dataset", default="random", choices=["random"],
-                       help="where prompts come from when no --dataset-path is given (default: %(default)s)")
+    group.add_argument("--dataset", default="random", choices=["random", "copy"],
+                       help="where prompts come from when no --dataset-path is given: random token ids, or "
+                            "chat prompts whose answers copy spans of the prompt (repeat, correct typos, add "
+                            "a docstring; at most --output-len tokens each, to the model's end of answer) "
+                            "(default: %(default)s)")
     group.add_argument("--dataset-path", default=None, metavar="FILE",
                        help='a JSON list of {"prompt_token_ids": [...], "output_len": n}; overrides --dataset')
     group.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
@@ -142,3 +145,24 @@ def hardware_report(engine: Any) -> dict[str, Any]:
 def print_hardware(report: dict[str, Any]) -> None:
     print(f"cpu: {report['cpu']} [{' '.join(report['cpu_flags'])}]; kernels: {report['kernels']}"
           f"{' (forced by VLITE_CPU_ISA)' if report.get('forced_isa') else ''}; weights: {report['weights']}")
+
+
+def spec_decoding_report(before: Any, after: Any) -> Optional[dict[str, float]]:
+    """Speculative decoding over a measured run (SpecDecodingStats before and after it), or None."""
+    if after is None:
+        return None
+    drafts = after.num_drafts - (before.num_drafts if before else 0)
+    draft_tokens = after.num_draft_tokens - (before.num_draft_tokens if before else 0)
+    accepted = after.num_accepted_tokens - (before.num_accepted_tokens if before else 0)
+    return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
+            "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else 0.0}
+
+
+def spec_decoding_rows(report: Optional[dict[str, float]]) -> list[tuple[str, Any]]:
+    if report is None:
+        return []
+    return [("Spec drafts", report["num_drafts"]), ("Spec draft tokens", report["num_draft_tokens"]),
+            ("Spec accepted tokens", report["num_accepted_tokens"]),
+            ("Spec acceptance rate", report["acceptance_rate"]),
+            ("Spec mean acceptance length", report["mean_acceptance_length"])]

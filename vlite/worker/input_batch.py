@@ -41,6 +41,9 @@ class InputBatch:
         self.repetition_penalty = np.ones(max_num_reqs, dtype=np.float32)
         self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int64)  # -1: none
         self.min_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        # Speculative decoding: decayed counts of the row's accepted and rejected drafts (DraftPolicy).
+        self.spec_accepted = np.zeros(max_num_reqs, dtype=np.float64)
+        self.spec_rejected = np.zeros(max_num_reqs, dtype=np.float64)
         self.sampling_params: list[Optional[SamplingParams]] = [None] * max_num_reqs
         self.seeds: dict[int, int] = {}  # row -> seed of a seeded request
         # Rarely used processors, kept sparse: row -> data.
@@ -83,6 +86,7 @@ class InputBatch:
         lp = params.logprobs
         self.num_logprobs[row] = -1 if lp is None else (self.vocab_size if lp == -1 else min(lp, self.vocab_size))
         self.min_tokens[row] = params.min_tokens
+        self.spec_accepted[row] = self.spec_rejected[row] = 0.0
         if params.seed is not None:
             self.seeds[row] = params.seed
         if params.allowed_token_ids:

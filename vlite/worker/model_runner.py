@@ -92,9 +92,11 @@ class ModelRunner:
         # 1 + k decodes, where a causal prefill chunk would leave the fast path.
         self.max_decode_query_len = 1
         if speculative_config is not None:
+            from vlite.spec_decode.draft_policy import DraftPolicy
             from vlite.spec_decode.ngram_proposer import NgramProposer
 
             self.proposer = NgramProposer(speculative_config)
+            self.draft_policy = DraftPolicy(speculative_config.num_speculative_tokens)
             self.max_decode_query_len = 1 + speculative_config.num_speculative_tokens
         self._step: _StepState | None = None
         self._md_cache: tuple[tuple[int, bytes], SamplingMetadata] | None = None
@@ -264,6 +266,7 @@ class ModelRunner:
             counts = np.ones(len(rows), dtype=np.int64)
             token_lists = [[t] for t in out.sampled_token_ids.tolist()]
             lt = out.logprobs_tensors
+            num_drafts = num_accepted = np.zeros(len(rows), dtype=np.int64)
         else:
             counts = step.num_drafts + 1
             # Logits row i of request b scores the token after its first i drafts.
@@ -277,6 +280,7 @@ class ModelRunner:
             token_lists = verified.output_token_ids
             counts = verified.num_accepted + 1
             lt = verified.logprobs_tensors
+            num_drafts, num_accepted = step.num_drafts, verified.num_accepted
 
         # Append the new tokens to the persistent batch: they are the next step's inputs.
         tokens = [t for out in token_lists for t in out]
@@ -300,6 +304,8 @@ class ModelRunner:
                                                ranks[lo:hi])
         if self.proposer is not None:
             with section("propose"):
+                batch.spec_accepted[rows], batch.spec_rejected[rows] = self.draft_policy.update(
+                    batch.spec_accepted[rows], batch.spec_rejected[rows], num_drafts, num_accepted)
                 result.spec_token_ids = self._propose_drafts(step.req_ids, rows)
         self._step = None
         return result
@@ -325,19 +331,28 @@ class ModelRunner:
         batch.num_tokens[rows] += counts
 
     def _propose_drafts(self, req_ids: list[str], rows: np.ndarray) -> dict[str, list[int]]:
-        """Drafts for the next step, within its verify budget: past `max_verify_tokens` tokens (the
-        sampled requests and their drafts) a step is compute-bound on a CPU and drafts cost what they
-        save, so the budget goes to the first requests with a match and a busy batch gets none."""
+        """Drafts for the next step. Each request drafts what pays at its own acceptance so far
+        (DraftPolicy: verify tokens cost ~0.2 of a step each on a CPU). Drafts go only to a step where
+        every request sampled has some, so a request without a match never waits for others' drafts,
+        and within `max_verify_tokens` (sampled requests plus drafts): past it a CPU step is
+        compute-bound and drafts cost what they save, so a busy batch gets none."""
         config = self.speculative_config
         assert self.proposer is not None and config is not None
+        batch = self.input_batch
         budget = config.max_verify_tokens - len(rows)
         if budget <= 0 or (config.disable_by_batch_size is not None
-                           and self.input_batch.num_reqs > config.disable_by_batch_size):
+                           and batch.num_reqs > config.disable_by_batch_size):
             return {}
-        batch = self.input_batch
+        adaptive = config.draft_policy == "adaptive"
+        if adaptive:
+            wanted = self.draft_policy.num_drafts(batch.spec_accepted[rows], batch.spec_rejected[rows])
+            if not wanted.all():
+                return {}
+        else:
+            wanted = np.full(len(rows), config.num_speculative_tokens)
         drafts, num_drafts = self.proposer.propose(batch.token_ids[rows], batch.num_tokens[rows],
-                                                   np.full(len(rows), budget))
-        if not num_drafts.any():
+                                                   np.minimum(wanted, budget))
+        if not num_drafts.any() or (adaptive and not num_drafts.all()):
             return {}
         # Keep the budget: cut the drafts that would pass it.
         before = np.cumsum(num_drafts) - num_drafts

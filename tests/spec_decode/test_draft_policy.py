@@ -1,0 +1,34 @@
+"""DraftPolicy: more drafts the more a request's drafts are accepted, none once they keep failing,
+and a retry after the evidence decays."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vlite.spec_decode.draft_policy import DraftPolicy, step_cost
+
+
+def test_more_drafts_at_higher_acceptance_and_none_when_they_fail():
+    p = DraftPolicy(8)
+    best = [int(p._best[round(a * 100)]) for a in (0.2, 0.4, 0.6, 0.8, 0.95)]
+    assert best == sorted(best) and best[0] == 0 and best[-1] == 8
+    # each choice maximizes tokens per unit of step time among 0..8 drafts
+    for a in (0.3, 0.55, 0.75, 0.9):
+        m = np.arange(9)
+        rate = np.cumsum(a ** m) / step_cost(m + 1)
+        assert int(p._best[round(a * 100)]) == int(np.argmax(rate))
+
+
+def test_counts_follow_outcomes_and_decay():
+    p = DraftPolicy(8)
+    acc, rej = np.zeros(2), np.zeros(2)
+    assert p.num_drafts(acc, rej).tolist() == [2, 2]  # the prior
+    for _ in range(6):  # request 0: every draft accepted; request 1: every first draft rejected
+        drafts = p.num_drafts(acc, rej)
+        acc, rej = p.update(acc, rej, drafts, np.array([drafts[0], 0]))
+    assert p.num_drafts(acc, rej).tolist() == [8, 0]
+    steps = 0
+    while p.num_drafts(acc, rej)[1] == 0:  # no drafts, no evidence: it decays back to the prior
+        acc, rej = p.update(acc, rej, np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64))
+        steps += 1
+    assert 3 <= steps <= 40
