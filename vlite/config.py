@@ -104,6 +104,40 @@ class SchedulerConfig:
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.policy!r}")
 
 
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How many processes run the model and where (vlite.executor)."""
+
+    tensor_parallel_size: int = 1
+    # "uni": the model runs in the engine-core process; "mp": one worker process per rank on this
+    # machine; "ray": one Ray actor per rank on a Ray cluster; None: uni for one rank, mp for more.
+    distributed_executor_backend: Optional[str] = None
+    # Engine cores behind one API server (each with its own executor); requests go to the least loaded.
+    data_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        dp = self.data_parallel_size
+        if not isinstance(dp, int) or isinstance(dp, bool) or not 1 <= dp <= 64:
+            raise ValueError(f"data_parallel_size must be an integer in [1, 64], got {dp!r}")
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= 64:
+            raise ValueError(f"tensor_parallel_size must be an integer in [1, 64], got {tp!r}")
+        backend = self.distributed_executor_backend
+        if backend is not None and backend not in EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend must be one of {EXECUTOR_BACKENDS} or None, "
+                             f"got {backend!r}")
+        if backend == "uni" and tp > 1:
+            raise ValueError(f"distributed_executor_backend 'uni' runs one rank; tensor_parallel_size={tp} needs "
+                             f"'mp'")
+
+    @property
+    def backend(self) -> str:
+        return self.distributed_executor_backend or ("uni" if self.tensor_parallel_size == 1 else "mp")
+
+
 SPECULATIVE_METHODS = ("ngram",)
 # Above this many draft tokens per request a verify step stops being nearly free on a CPU (the step's
 # cost grows with its tokens) while a long run of n-gram proposals is rarely all accepted.
@@ -235,5 +269,6 @@ class VliteConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     speculative_config: Optional[SpeculativeConfig] = None
     device_config: DeviceConfig = field(default_factory=DeviceConfig)

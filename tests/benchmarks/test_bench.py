@@ -325,3 +325,14 @@ def test_throughput_end_to_end(model_dir, capsys, tmp_path, clean_profiler):
     assert (v["num_requests"], v["input_tokens"], v["output_tokens"]) == (4, 64, 16)
     assert v["total_tokens_per_s"] == pytest.approx(80 / v["elapsed_s"])
     assert saved["profile"]["steps"] >= 4 and "attention" in saved["profile"]["phases"]
+
+
+def test_copy_requests_ask_to_copy_their_own_text(hf_tokenizer):
+    from vlite.benchmarks.datasets import copy_requests
+
+    reqs = copy_requests(hf_tokenizer, 6, 64, seed=3)
+    assert reqs == copy_requests(hf_tokenizer, 6, 64, seed=3)  # reproducible
+    assert all(not r.ignore_eos and r.output_len == 64 for r in reqs)
+    texts = [hf_tokenizer.decode(r.prompt_token_ids) for r in reqs]
+    assert "Repeat the following text exactly" in texts[0] and "Correct the spelling" in texts[1]
+    assert "def " in texts[2] and all("<|im_start|>assistant" in t for t in texts)

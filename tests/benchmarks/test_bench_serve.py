@@ -490,3 +490,19 @@ def test_serve_bench_against_vlite_serve(real_server, tmp_path, capsys):
         assert 0 < r["ttft"] <= r["e2e"] and r["tpot"] > 0 and 1 <= len(r["itl"]) <= 3
     for key in ("mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p90_e2el_ms"):
         assert s[key] > 0
+
+
+def test_spec_decoding_section_from_metric_deltas():
+    from vlite.benchmarks.serve import format_report, spec_decoding_summary
+
+    before = {"drafts": 10.0, "draft_tokens": 40.0, "accepted": 20.0}
+    after = {"drafts": 30.0, "draft_tokens": 120.0, "accepted": 80.0}
+    spec = spec_decoding_summary(before, after)
+    assert spec["acceptance_rate"] == pytest.approx(60 / 80) and spec["mean_acceptance_length"] == pytest.approx(4.0)
+    summary = {"completed": 1, "failed": 0, "duration": 1.0, "total_input_tokens": 1, "total_output_tokens": 1,
+               "request_throughput": 1.0, "output_throughput": 1.0, "max_output_tokens_per_s": 1.0,
+               "max_concurrent_requests": 1, "total_token_throughput": 2.0, "spec_decoding": spec}
+    for key in ("ttft", "tpot", "itl", "e2el"):
+        summary.update({f"mean_{key}_ms": 1.0, f"median_{key}_ms": 1.0, f"p99_{key}_ms": 1.0})
+    text = format_report(summary, float("inf"), None, (99,))
+    assert "Speculative Decoding" in text and "Acceptance length:" in text and "75.00" in text

@@ -55,13 +55,11 @@ def test_greedy_identical_with_processors_stops_and_n(llm_spec, llm_fp32, hf_tok
              "The list: apple, banana, cherry, apple, banana, cherry, apple,"]
     banana = hf_tokenizer.encode(" banana")
     cases = [
-        SamplingParams(temperature=0.0, max_tokens=40, repetition_penalty=1.3, frequency_penalty=0.2,
-                       presence_penalty=0.3),
-        SamplingParams(temperature=0.0, max_tokens=40, min_tokens=30, logit_bias={banana[0]: -2.0}),
-        SamplingParams(temperature=0.0, max_tokens=40, bad_words=[" four five"], stop=["cherry, apple"]),
+        SamplingParams(temperature=0.0, max_tokens=32, repetition_penalty=1.3, frequency_penalty=0.2,
+                       presence_penalty=0.3, min_tokens=24, logit_bias={banana[0]: -2.0}),
+        SamplingParams(temperature=0.0, max_tokens=32, bad_words=[" four five"], stop=["cherry, apple"],
+                       stop_token_ids=[hf_tokenizer.encode(":")[0]], include_stop_str_in_output=True),
         SamplingParams(temperature=0.0, max_tokens=7, n=2),
-        SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[hf_tokenizer.encode(",")[0]],
-                       include_stop_str_in_output=True),
     ]
     for params in cases:
         ref = llm_fp32.generate(texts, params, use_tqdm=False)

@@ -552,8 +552,46 @@ def format_report(summary: dict[str, Any], request_rate: float, max_concurrency:
         row(f"Median {short} (ms):", float(summary[f"median_{key}_ms"]))
         for q in percentiles:
             row(f"P{q:g} {short} (ms):", float(summary[f"p{q:g}_{key}_ms"]))
+    spec = summary.get("spec_decoding")
+    if spec:
+        lines.append(f"{' Speculative Decoding ':-^{width}}")
+        row("Acceptance rate (%):", 100.0 * spec["acceptance_rate"])
+        row("Acceptance length:", float(spec["mean_acceptance_length"]))
+        row("Drafts:", int(spec["num_drafts"]))
+        row("Draft tokens:", int(spec["num_draft_tokens"]))
+        row("Accepted tokens:", int(spec["num_accepted_tokens"]))
     lines.append("=" * width)
     return "\n".join(lines)
+
+
+_SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                  "vllm:spec_decode_num_accepted_tokens": "accepted"}
+
+
+async def scrape_spec_counters(client: Any, base_url: str) -> Optional[dict[str, float]]:
+    """The server's speculative-decoding counters from /metrics (vLLM's names), or None when it has none."""
+    try:
+        r = await client.get(base_url + "/metrics")
+    except Exception:  # no /metrics (another server): the report just leaves the section out
+        return None
+    if r.status_code != 200:
+        return None
+    out: dict[str, float] = {}
+    for line in r.text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
+        if name in _SPEC_COUNTERS:
+            out[_SPEC_COUNTERS[name]] = out.get(_SPEC_COUNTERS[name], 0.0) + float(line.rsplit(" ", 1)[1])
+    return out if len(out) == len(_SPEC_COUNTERS) else None
+
+
+def spec_decoding_summary(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Acceptance over the run: rate (accepted / draft tokens) and length (1 + accepted / drafts, vLLM's)."""
+    drafts = after["drafts"] - before["drafts"]
+    draft_tokens = after["draft_tokens"] - before["draft_tokens"]
+    accepted = after["accepted"] - before["accepted"]
+    return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
+            "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else 0.0}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -796,6 +834,7 @@ async def _run(ns: argparse.Namespace) -> tuple[dict[str, Any], list[RequestReco
 
             bar = tqdm(total=len(requests), unit="req", file=sys.stderr)
         times = arrival_times(len(requests), ns.request_rate, ns.seed, ns.burstiness)
+        spec_before = await scrape_spec_counters(client, base_url)
         try:
             records, duration = await run_requests(client, url, headers, payloads, requests, times, chat,
                                                    ns.max_concurrency,
@@ -803,8 +842,11 @@ async def _run(ns: argparse.Namespace) -> tuple[dict[str, Any], list[RequestReco
         finally:
             if bar is not None:
                 bar.close()
+        spec_after = await scrape_spec_counters(client, base_url)
 
     summary = summarize_records(records, duration, ns.metric_percentiles)
+    if spec_before is not None and spec_after is not None and spec_after["drafts"] > spec_before["drafts"]:
+        summary["spec_decoding"] = spec_decoding_summary(spec_before, spec_after)
     print(format_report(summary, ns.request_rate, ns.max_concurrency, ns.metric_percentiles), flush=True)
     errors = [r for r in records if not r.success]
     for r in errors[:5]:

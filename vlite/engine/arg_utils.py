@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
-from vlite.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VliteConfig,
-                          resolve_dtype_name)
-from vlite.model_loader import ModelArchConfig, ResolvedModel, load_model_weights, resolve_model
+from vlite.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig,
+                          VliteConfig, resolve_dtype_name)
+from vlite.model_loader import ModelArchConfig, ResolvedModel, load_model_arch, load_model_weights, resolve_model
 
 if TYPE_CHECKING:  # torch loads only where the model runs (the engine-core process), not in the API process
     import torch
@@ -35,6 +35,9 @@ class EngineArgs:
     seed: int = 0
     chat_template: Optional[str] = None
     quantization: Optional[str] = None
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: Optional[str] = None  # uni | mp; None: uni for one rank, mp for more
+    data_parallel_size: int = 1  # engine cores behind one API server (vlite serve only)
     # vLLM's speculative_config: a dict, its JSON text, or a SpeculativeConfig; None: no speculation.
     speculative_config: Any = None
     device: str = "auto"
@@ -61,6 +64,9 @@ class EngineArgs:
                         policy=self.scheduling_policy, long_prefill_token_threshold=self.long_prefill_token_threshold,
                         max_num_partial_prefills=self.max_num_partial_prefills)
         speculative_config = SpeculativeConfig.from_user(self.speculative_config)
+        parallel_config = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
+                                         distributed_executor_backend=self.distributed_executor_backend,
+                                         data_parallel_size=self.data_parallel_size)
         device_config = DeviceConfig(device=self.device, enforce_eager=self.enforce_eager,
                                      gpu_memory_utilization=self.gpu_memory_utilization)
         device = device_config.resolve()
@@ -70,6 +76,9 @@ class EngineArgs:
         if device == "cuda" and speculative_config is not None:
             raise ValueError("speculative_config runs on the CPU only so far (its rejection sampler is CPU code); "
                              "with device='cuda' leave it unset")
+        if device == "cuda" and parallel_config.backend != "uni":
+            raise ValueError("tensor_parallel_size / data_parallel_size > 1 run CPU worker processes only so far; "
+                             "with device='cuda' leave them at 1")
         resolved = resolve_model(self.model)
         import torch
 
@@ -77,7 +86,13 @@ class EngineArgs:
 
         dtype_name = resolve_dtype_name(model_config, device)
         torch_dtype = getattr(torch, dtype_name)
-        arch, weights = load_model_weights(resolved, torch_dtype)
+        if parallel_config.backend == "uni":
+            arch, weights = load_model_weights(resolved, torch_dtype)
+        else:  # the workers load the weights, each its own shard (vlite.worker.worker)
+            arch, weights = load_model_arch(resolved, torch_dtype), {}
+            from vlite.distributed.tp_shard import plan_tp
+
+            plan_tp(arch, parallel_config.tensor_parallel_size)  # a model TP cannot split fails here, not in a worker
         # On a GPU a quantized GGUF file is dequantized to dense weights at load, as quantization="none" does.
         quantization = (QuantizationPlan(None) if device == "cuda" else
                         plan_quantization(self.quantization, arch.source_quantization, torch_dtype,
@@ -118,7 +133,8 @@ class EngineArgs:
                     num_blocks, self.block_size, capacity,
                     num_blocks * bytes_per_block / 2**20, max_model_len)
         return LoadedEngineConfig(
-            config=VliteConfig(model_config, cache_config, scheduler_config, speculative_config, device_config),
+            config=VliteConfig(model_config, cache_config, scheduler_config, speculative_config=speculative_config,
+                               parallel_config=parallel_config, device_config=device_config),
             resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
             num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids), device=device)
 

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from vlite.core.sched.scheduler import SchedulerStats
 from vlite.engine.arg_utils import EngineArgs
-from vlite.engine.core_client import AsyncMPClient, EngineDeadError
+from vlite.engine.core_client import AsyncMPClient, DPAsyncMPClient, EngineDeadError
 from vlite.engine.core_messages import EngineCoreOutputs
 from vlite.engine.input_processor import EngineCoreRequest, InputProcessor, PromptType
 from vlite.engine.output_processor import IterationStats, OutputProcessor
@@ -44,7 +44,9 @@ class AsyncLLM:
         if engine_args.chat_template is not None:
             self.tokenizer.chat_template = engine_args.chat_template
         self.model_name = resolved.name
-        self.client = AsyncMPClient(engine_args)
+        # One engine core, or data_parallel_size of them behind a router
+        self.client = (AsyncMPClient(engine_args) if engine_args.data_parallel_size == 1
+                       else DPAsyncMPClient(engine_args))
         self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
         self.output_processor = OutputProcessor(self.tokenizer)
         self.input_processor: Optional[InputProcessor] = None

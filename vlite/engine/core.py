@@ -1,4 +1,8 @@
-"""EngineCore: the step loop. schedule -> execute_model -> sample_tokens -> update_from_output."""
+"""EngineCore: the step loop. schedule -> execute_model -> sample_tokens -> update_from_output.
+
+The model runs behind an executor (vlite.executor): in this process, or in one worker process per
+tensor-parallel rank.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from vlite.core.sched.output import EngineCoreOutput, SchedulerOutput
 from vlite.core.sched.scheduler import Scheduler, SchedulerStats
 from vlite.engine.arg_utils import LoadedEngineConfig
 from vlite.engine.input_processor import EngineCoreRequest
+from vlite.executor import Executor, ExecutorDeadError
 from vlite.profiler import section
 from vlite.request import FinishReason, Request, RequestStatus
 from vlite.worker.model_runner import ModelRunner
@@ -29,12 +34,10 @@ class EngineCore:
         self.kv_cache_manager = KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
                                                sliding_window=loaded.arch.kv_sliding_window)
         self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager, cfg.speculative_config)
-        self.model_runner = ModelRunner(
-            loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks, cache.block_size,
-            cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids,
-            loaded.quantization, cfg.speculative_config, device=loaded.device,
-            enforce_eager=cfg.device_config.enforce_eager)
-        loaded.weights = {}  # the model holds what it needs; drop the loader's references
+        # Where the model runs (this process, or worker processes): the core talks only to the executor.
+        self.executor = Executor.create(loaded)
+        # The in-process runner with the uni executor (introspection, tests); None with workers.
+        self.model_runner: Optional[ModelRunner] = getattr(self.executor, "model_runner", None)
         self._loaded_resolved = loaded.resolved
         self._tokenizer = tokenizer
         self._vocab_size = loaded.arch.vocab_size
@@ -84,15 +87,18 @@ class EngineCore:
         if scheduler_output.is_empty and manager is not None and manager.has_pending():
             # Only requests waiting for their grammar: let the compile threads have the CPU.
             manager.wait_for_compilation(0.005)
+        executor = self.executor
         try:
-            self.model_runner.execute_model(scheduler_output)
+            executor.execute_model(scheduler_output)
             grammar_output = None
             if manager is not None and scheduler_output.sample_req_ids:
                 with section("grammar_bitmask"):
                     grammar_output = manager.grammar_bitmask(self.scheduler.requests, scheduler_output.sample_req_ids,
                                                              scheduler_output.scheduled_spec_decode_tokens)
             with section("sample"):
-                model_output = self.model_runner.sample_tokens(grammar_output)
+                model_output = executor.sample_tokens(grammar_output)
+        except ExecutorDeadError:
+            raise  # no step can run any more: the engine core fails every request (core_proc)
         except Exception as e:
             return self._handle_step_failure(scheduler_output, e)
         with section("update_from_output"):
@@ -105,7 +111,7 @@ class EngineCore:
         scheduled = list(scheduler_output.num_scheduled_tokens)
         logger.error("engine step with %d request(s) raised: %s", len(scheduled),
                      "".join(traceback.format_exception(error)))
-        self.model_runner.reset()
+        self.executor.reset()
         failed = self.scheduler.handle_step_failure(scheduler_output)
         if not failed:
             logger.warning("running %d request(s) alone to find the one that fails", len(scheduled))
@@ -121,3 +127,7 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers (none with the uni executor)."""
+        self.executor.shutdown()

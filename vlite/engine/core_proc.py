@@ -18,6 +18,7 @@ import zmq
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.core_messages import (EngineCoreOutputs, EngineCoreRequestType, EngineReady, UtilityCall,
                                         decode_request, encode)
+from vlite.executor import ExecutorDeadError
 from vlite.request import RequestStatus
 
 logger = logging.getLogger("vlite.engine_core")
@@ -61,6 +62,7 @@ class EngineCoreProc:
             if os.getppid() != self.parent_pid:
                 logger.warning("API process is gone; engine core exits")
                 break
+            core.executor.check_health()  # a worker that died while idle ends the engine core too
             if core.has_unfinished_requests():
                 self._step()
             elif handled:
@@ -70,13 +72,15 @@ class EngineCoreProc:
         core = self.engine_core
         try:
             outputs = core.step()
+        except ExecutorDeadError:
+            raise  # run_engine_core reports it and exits: the API process fails every request
         except Exception as e:
             # Outside the model runner (a request failing there fails alone, see EngineCore.step):
             # fail what was in flight, keep serving from a clean batch and an empty prefix cache.
             logger.error("engine step failed: %s", traceback.format_exc())
             ids = list(core.scheduler.requests)
             core.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
-            core.model_runner.reset()
+            core.executor.reset()
             core.reset_prefix_cache()
             self._send(EngineCoreOutputs(stats=core.make_stats(),
                                          failed_requests={i: f"engine step failed: {e}" for i in ids}))
@@ -125,6 +129,9 @@ class EngineCoreProc:
         return None
 
     def close(self) -> None:
+        core = getattr(self, "engine_core", None)
+        if core is not None:
+            core.shutdown()
         for sock in (getattr(self, "input_socket", None), self.output_socket):
             if sock is not None:
                 sock.close(linger=0)
@@ -141,6 +148,11 @@ def run_engine_core(engine_args: EngineArgs, input_addr: str, output_addr: str, 
     try:
         proc = EngineCoreProc(engine_args, input_addr, output_addr)
         proc.run_busy_loop()
+    except ExecutorDeadError as e:
+        logger.error("model workers failed: %s", e)
+        if proc is not None:  # tell the API process why before exiting: it fails every request, /health 503
+            proc._send(EngineCoreOutputs(engine_error=f"model worker failed: {e}"))
+        raise SystemExit(1)
     except Exception:
         logger.error("engine core died: %s", traceback.format_exc())
         raise SystemExit(1)

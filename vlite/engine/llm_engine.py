@@ -32,6 +32,9 @@ def _validate_structured_outputs(params: Any) -> None:
 
 class LLMEngine:
     def __init__(self, engine_args: EngineArgs) -> None:
+        if engine_args.data_parallel_size != 1:
+            raise ValueError(f"data_parallel_size={engine_args.data_parallel_size}: several engine cores run behind "
+                             f"the API server (vlite serve --data-parallel-size); LLM runs one")
         torch.manual_seed(engine_args.seed)
         loaded = engine_args.create_engine_config()
         self.vllm_config = loaded.config

@@ -128,6 +128,18 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "(default: %(default)s)")
     group.add_argument("--max-num-partial-prefills", type=_positive_int, default=d.max_num_partial_prefills,
                        metavar="N", help="prompts that may be partway through prefill at once (default: %(default)s)")
+    group.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=d.tensor_parallel_size,
+                       metavar="N", help="ranks each layer's weights and KV cache are split over, one worker "
+                                         "process each (default: %(default)s)")
+    group.add_argument("--data-parallel-size", "-dp", type=_positive_int, default=d.data_parallel_size, metavar="N",
+                       help="engine cores (each a whole copy of the model, with its own tensor parallelism) behind "
+                            "one API server; each request goes to the least loaded (default: %(default)s)")
+    group.add_argument("--distributed-executor-backend", default=d.distributed_executor_backend,
+                       choices=["uni", "mp", "ray"],
+                       help="where the model runs: uni (in the engine-core process), mp (worker processes on "
+                            "this machine, torch.distributed/gloo between them); default: uni for one rank, "
+                            "mp for more; ray: one Ray actor per rank, on the cluster RAY_ADDRESS names or a local "
+                            "one (needs the ray extra)")
     group.add_argument("--speculative-config", default=d.speculative_config, metavar="JSON",
                        help='speculative decoding, as a JSON object with vLLM\'s keys, e.g. \'{"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '

@@ -22,6 +22,7 @@ from torch import nn
 
 from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata
 from vlite.attention.selector import paged_attention
+from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.layernorm import rms_norm
 from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
 from vlite.layers.quantization import QuantizationPlan, linear
@@ -45,7 +46,11 @@ class Attention(nn.Module):
                          if cfg.attention_bias else None)
         self.qkv_weight = linear_weight(fuse_rows([w[f"{prefix}.{n}_proj.weight"] for n in "qkv"]), plan, dtype)
         self.o_weight = linear_weight(w[f"{prefix}.o_proj.weight"], plan, dtype)
-        self.o_bias = fused_bias(w, [f"{prefix}.o_proj.bias"], dtype) if cfg.attention_out_bias else None
+        # Tensor parallelism: this rank's heads only (cfg is the rank's); o's partial sums are all-reduced,
+        # its bias and the skip connection added by rank 0 alone.
+        self.tp = get_tp_group()
+        self.o_bias = (fused_bias(w, [f"{prefix}.o_proj.bias"], dtype)
+                       if cfg.attention_out_bias and (self.tp is None or self.tp.is_driver) else None)
         ops = fast_ops(plan)
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
@@ -89,4 +94,7 @@ class Attention(nn.Module):
             q, k = qk[:, :h], qk[:, h:]
         v = qkv[:, h + hkv:]
         o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale, self.window, self.softcap)
-        return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual)
+        if self.tp is None:
+            return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual)
+        out = linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual if self.tp.is_driver else None)
+        return self.tp.all_reduce(out)

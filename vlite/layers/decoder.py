@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata
+from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.attention import Attention
 from vlite.layers.layernorm import rms_norm
 from vlite.layers.linear import Weights, fast_ops, linear_weight, param
@@ -122,6 +123,8 @@ class CausalLM(nn.Module):
         # Gemma: embeddings times sqrt(hidden_size), the factor rounded to the model's dtype as transformers does
         self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=dtype) if cfg.scale_embeddings else None
         self.final_logit_softcapping = cfg.final_logit_softcapping
+        # Tensor parallelism: the embedding and LM head hold this rank's vocab rows (vlite.distributed.tp_shard)
+        self.tp = get_tp_group()
         embed = weights["model.embed_tokens.weight"]
         # A quantized embedding stays packed where the plan runs packed weights: a lookup dequantizes
         # just the step's rows (the same values as a dense copy, in a quarter of the memory).
@@ -150,6 +153,17 @@ class CausalLM(nn.Module):
             self.packed_embed = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        tp = self.tp
+        if tp is None:
+            return self._embed_rows(input_ids)
+        # vocab-parallel: each rank looks up the ids in its range, zeros elsewhere, and the sum is the lookup
+        start, end = tp.shard.vocab
+        local = input_ids - start
+        outside = (local < 0) | (local >= end - start)
+        hidden = self._embed_rows(local.masked_fill(outside, 0))
+        return tp.all_reduce(hidden.masked_fill_(outside[:, None], 0))
+
+    def _embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tiled_embed is not None:
             t = self.tiled_embed
             return self._embed_ops.dequantize(t.qt, t.scales, t.mins, t.bits, t.sub, t.n, self.dtype, rows=input_ids)
@@ -176,5 +190,7 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = linear(hidden, self.lm_head).float()
+        if self.tp is not None:  # vocab-parallel head: every rank gets the whole row
+            logits = self.tp.all_gather_last(logits, list(self.tp.shard.vocab_sizes))
         cap = self.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap

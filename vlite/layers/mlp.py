@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
 from vlite.layers.quantization import QuantizationPlan, linear
 from vlite.model_loader.arch_config import ModelArchConfig
@@ -28,7 +29,11 @@ class GatedMLP(nn.Module):
         self.down_weight = linear_weight(w[f"{prefix}.down_proj.weight"], plan, dtype)
         self.gate_up_bias = (fused_bias(w, [f"{prefix}.gate_proj.bias", f"{prefix}.up_proj.bias"], dtype)
                              if cfg.mlp_bias else None)
-        self.down_bias = fused_bias(w, [f"{prefix}.down_proj.bias"], dtype) if cfg.mlp_bias else None
+        # Tensor parallelism: cfg.intermediate_size is this rank's slice; down's partial sums are
+        # all-reduced, its bias and the skip connection added by rank 0 alone.
+        self.tp = get_tp_group()
+        self.down_bias = (fused_bias(w, [f"{prefix}.down_proj.bias"], dtype)
+                          if cfg.mlp_bias and (self.tp is None or self.tp.is_driver) else None)
         self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
         self.ops = fast_ops(plan) if self.intermediate_size % 16 == 0 and not self.gelu else None
 
@@ -36,7 +41,11 @@ class GatedMLP(nn.Module):
         """The block's output, plus `residual` (the layer's skip connection) when given."""
         gate_up = linear(x, self.gate_up_weight, self.gate_up_bias)
         if self.ops is not None:
-            return linear(self.ops.silu_and_mul(gate_up), self.down_weight, self.down_bias, residual)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return linear(act * up, self.down_weight, self.down_bias, residual)
+            act = self.ops.silu_and_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
+        if self.tp is None:
+            return linear(act, self.down_weight, self.down_bias, residual)
+        return self.tp.all_reduce(linear(act, self.down_weight, self.down_bias,
+                                         residual if self.tp.is_driver else None))

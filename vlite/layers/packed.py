@@ -51,6 +51,18 @@ class PackedTensors:
         return PackedTensors(self.fmt, self.qs[index], self.scales[index],
                              None if self.mins is None else self.mins[index], self.sub)
 
+    def cols(self, start: int, end: int) -> PackedTensors:
+        """Inputs [start, end) of every row (a row-parallel shard): whole blocks of 32 only, so every
+        value and scale is kept as is."""
+        n, k = self.shape
+        if start % QK or end % QK or not 0 <= start < end <= k:
+            raise ValueError(f"packed columns [{start}, {end}) of a [{n}, {k}] weight must split at "
+                             f"multiples of the block size {QK}")
+        per = 2 if self.fmt == "q4" else 1
+        return PackedTensors(self.fmt, self.qs[:, start // per:end // per].contiguous(),
+                             self.scales[:, start // self.sub:end // self.sub].contiguous(),
+                             None if self.mins is None else self.mins[:, start // QK:end // QK].contiguous(), self.sub)
+
     @staticmethod
     def cat(parts: list[PackedTensors]) -> PackedTensors:
         """Stack along rows (fused QKV / gate-up); all parts must share one layout."""

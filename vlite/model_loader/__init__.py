@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterator
 
 from vlite.model_loader.arch_config import LlamaArchConfig, ModelArchConfig
 from vlite.model_loader.resolve import ResolvedModel, default_model_path, resolve_model
@@ -17,6 +17,8 @@ __all__ = [
     "ModelArchConfig",
     "ResolvedModel",
     "default_model_path",
+    "iter_model_weights",
+    "load_model_arch",
     "load_model_weights",
     "load_tokenizer",
     "resolve_model",
@@ -36,3 +38,32 @@ def load_model_weights(
     from vlite.model_loader.safetensors_loader import load_hf_folder
 
     return load_hf_folder(Path(resolved.path), dtype)
+
+
+def load_model_arch(resolved: ResolvedModel, dtype: torch.dtype) -> ModelArchConfig:
+    """The model's config without its weights (the engine core of a multi-process executor sizes the
+    KV cache from it; the workers load the weights)."""
+    if resolved.gguf_file is not None:
+        from vlite.model_loader.cache import cached_gguf_stream
+        from vlite.model_loader.gguf_loader import gguf_arch
+
+        cached = cached_gguf_stream(Path(resolved.gguf_file), dtype)
+        return cached[0] if cached is not None else gguf_arch(Path(resolved.gguf_file))
+    from vlite.model_loader.safetensors_loader import hf_folder_arch
+
+    return hf_folder_arch(Path(resolved.path))
+
+
+def iter_model_weights(resolved: ResolvedModel, dtype: torch.dtype
+                       ) -> tuple[ModelArchConfig, Iterator[tuple[str, Any]]]:
+    """Config and HF-named weights one at a time: a tensor-parallel rank keeps only its shard of each,
+    so the whole model is never in one process (the GGUF conversion cache is read where it exists)."""
+    if resolved.gguf_file is not None:
+        from vlite.model_loader.cache import cached_gguf_stream
+        from vlite.model_loader.gguf_loader import iter_gguf
+
+        path = Path(resolved.gguf_file)
+        return cached_gguf_stream(path, dtype) or iter_gguf(path, dtype)
+    from vlite.model_loader.safetensors_loader import iter_hf_folder
+
+    return iter_hf_folder(Path(resolved.path), dtype)

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from vlite.model_loader.arch_config import ModelArchConfig
 
@@ -119,6 +119,42 @@ def cached_gguf_weights(source: Path, dtype: torch.dtype,
 
         _store(entry, write)
     return arch, weights
+
+
+def cached_gguf_stream(source: Path, dtype: torch.dtype) -> Optional[tuple[ModelArchConfig, Iterator[tuple[str, Any]]]]:
+    """The cached conversion's config and its weights one at a time (each read from the file when
+    its turn comes), or None where there is no readable entry."""
+    from safetensors import safe_open
+
+    entry = _entry(source, str(dtype).replace("torch.", ""))
+    if entry is None or not (entry / "model.safetensors").exists():
+        return None
+    try:
+        config = json.loads((entry / "arch_config.json").read_text())
+        config["eos_token_ids"] = tuple(config["eos_token_ids"])
+        arch = ModelArchConfig(**config)
+        path = str(entry / "model.safetensors")
+        with safe_open(path, framework="pt") as f:
+            layouts = f.metadata() or {}
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        logger.debug("ignoring unreadable model cache %s: %s", entry, e)
+        return None
+
+    def tensors() -> Iterator[tuple[str, Any]]:
+        from vlite.layers.packed import PackedTensors
+
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                base, _, part = name.partition("::")
+                if not part:
+                    yield name, f.get_tensor(name)
+                elif part == "qs":
+                    spec = json.loads(layouts[base])
+                    mins = f.get_tensor(f"{base}::mins") if f"{base}::mins" in f.keys() else None
+                    yield base, PackedTensors(spec["fmt"], f.get_tensor(name), f.get_tensor(f"{base}::scales"), mins,
+                                              spec["sub"])
+
+    return arch, tensors()
 
 
 def cached_gguf_tokenizer(source: Path, load: Callable[[], Any]) -> Any:

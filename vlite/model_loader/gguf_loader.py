@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 import numpy as np
 import torch
@@ -75,30 +75,58 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str, Weight]]:
     """Read config and all weights of a GGUF file (dense ones cast to ``dtype``)."""
+    config, tensors = iter_gguf(path, dtype)
+    weights = dict(tensors)
+    _check_complete(path, config, weights)
+    return config, weights
+
+
+def gguf_arch(path: Path, reader: Any = None) -> ModelArchConfig:
+    """The file's config, with the type of its linear weights, read from the header alone (no tensor data)."""
+    import gguf
+
+    reader = reader or gguf.GGUFReader(str(path))
+    config = ModelArchConfig.from_gguf_metadata(reader)
+    layer_names = {**config.spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
+    linear_types = set()
+    for t in reader.tensors:
+        if t.name in _SKIPPED:
+            continue
+        hf_name = gguf_to_hf_name(t.name, layer_names)
+        if (_EXPERTS_RE.match(t.name) and config.num_experts) or (hf_name or "").endswith("_proj.weight"):
+            linear_types.add(t.tensor_type.name)
+    if linear_types:
+        config = dataclasses.replace(
+            config, source_quantization=linear_types.pop() if len(linear_types) == 1 else "mixed")
+    return config
+
+
+def iter_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, Iterator[tuple[str, Weight]]]:
+    """The file's config, and its weights one at a time (a tensor-parallel rank keeps only its shard of
+    each, so no process holds the whole model)."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
-    config = ModelArchConfig.from_gguf_metadata(reader)
+    config = gguf_arch(path, reader)
+    return config, _gguf_tensors(path, reader, config, dtype)
+
+
+def _gguf_tensors(path: Path, reader: Any, config: ModelArchConfig, dtype: torch.dtype
+                  ) -> Iterator[tuple[str, Weight]]:
     permuted = config.spec.gguf_qk_permuted
     layer_names = {**config.spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
-
-    weights: dict[str, Weight] = {}
-    linear_types: set[str] = set()
     for t in reader.tensors:
         if t.name in _SKIPPED:
             continue
         experts = _EXPERTS_RE.match(t.name)
         if experts and config.num_experts:
-            linear_types.add(t.tensor_type.name)
-            weights.update(_split_experts(path, t, config, int(experts.group(1)), experts.group(2), dtype))
+            yield from _split_experts(path, t, config, int(experts.group(1)), experts.group(2), dtype).items()
             continue
         hf_name = gguf_to_hf_name(t.name, layer_names)
         if hf_name is None:
             raise ValueError(f"{path}: unexpected tensor {t.name!r} for a {config.architecture} GGUF file")
         # GGUF lists dims fastest-first; numpy (row-major) wants them reversed.
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        if hf_name.endswith("_proj.weight"):
-            linear_types.add(t.tensor_type.name)
         n_head = None
         if permuted:  # rows back from llama.cpp's interleaved-rotary order
             n_head = (config.num_attention_heads if ".self_attn.q_proj." in hf_name else
@@ -107,7 +135,7 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str
         if isinstance(value, PackedTensors):
             if n_head is not None:  # rows are independent in the packed layout: reorder them
                 value = value.rows(torch.from_numpy(unpermute_qk(np.arange(shape[0]), n_head)))
-            weights[hf_name] = value
+            yield hf_name, value
             continue
         if n_head is not None:
             value = unpermute_qk(value, n_head)
@@ -115,13 +143,7 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str
             # llama.cpp's converter stores Gemma's RMSNorm weights with the 1 of (1 + weight) added
             # (ggml multiplies by the weight as is); back to the checkpoint's meaning
             value = value.astype(np.float64) - 1.0
-        weights[hf_name] = _to_torch(value, dtype)
-
-    _check_complete(path, config, weights)
-    if linear_types:
-        config = dataclasses.replace(
-            config, source_quantization=linear_types.pop() if len(linear_types) == 1 else "mixed")
-    return config, weights
+        yield hf_name, _to_torch(value, dtype)
 
 
 def _split_experts(path: Path, t: Any, config: ModelArchConfig, layer: int, part: str,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -42,16 +42,33 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 def load_hf_folder(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str, torch.Tensor]]:
     """Read config and weights (cast to ``dtype``) from a Hugging Face model folder."""
-    from safetensors import safe_open
+    config, tensors = iter_hf_folder(path, dtype)
+    weights = dict(tensors)
+    missing = sorted(expected_weight_names(config) - weights.keys())
+    if missing:
+        raise ValueError(f"{path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    return config, weights
 
+
+def hf_folder_arch(path: Path) -> ModelArchConfig:
+    """The folder's config (config.json, generation_config.json), without reading any weight."""
     path = Path(path)
     hf_config = _read_json(path / "config.json")
     if hf_config is None:
         raise ValueError(f"{path}: config.json not found")
-    config = ModelArchConfig.from_hf_config(hf_config, _read_json(path / "generation_config.json"))
+    return ModelArchConfig.from_hf_config(hf_config, _read_json(path / "generation_config.json"))
+
+
+def iter_hf_folder(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, Iterator[tuple[str, torch.Tensor]]]:
+    """The folder's config, and its weights one at a time (a tensor-parallel rank keeps only its shard)."""
+    config = hf_folder_arch(path)
+    return config, _hf_tensors(Path(path), config, dtype)
+
+
+def _hf_tensors(path: Path, config: ModelArchConfig, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
 
     expected = expected_weight_names(config)
-    weights: dict[str, torch.Tensor] = {}
     for file in _safetensors_files(path):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
@@ -61,9 +78,4 @@ def load_hf_folder(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dic
                     continue  # tied: the engine reuses the embedding
                 if name not in expected:
                     raise ValueError(f"{file}: unexpected tensor {name!r} for a {config.architecture} checkpoint")
-                weights[name] = f.get_tensor(name).to(dtype)
-
-    missing = sorted(expected - weights.keys())
-    if missing:
-        raise ValueError(f"{path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    return config, weights
+                yield name, f.get_tensor(name).to(dtype)

@@ -3,7 +3,8 @@ vlite.layers, with q/k/v/o and MLP biases where the config has them.
 
 What is Llama's own here: all-decode steps of a quantized model run each decoder layer as one C++
 call (`llama_decode_layer`: the same kernels in the same order as the layer-by-layer path, no
-Python between them).
+Python between them). Under tensor parallelism that path is bypassed: the layer-by-layer one
+all-reduces the row-parallel projections' partial sums.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class LlamaForCausalLM(CausalLM):
         layer), where every projection runs packed weights on the kernels and the layer has no part the
         C++ layer lacks (o_proj or MLP biases, q/k norms, a sliding window); else None."""
         ops = self._fused_ops = fast_ops(self._plan)
-        if ops is None or self.config.head_dim % 16 or self.config.head_dim > 256:
+        # under tensor parallelism the layer-by-layer path runs (its projections all-reduce between kernels)
+        if self.tp is not None or ops is None or self.config.head_dim % 16 or self.config.head_dim > 256:
             return None
         out = []
         for layer in self.layers:

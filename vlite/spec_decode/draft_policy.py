@@ -1,11 +1,11 @@
 """DraftPolicy: how many drafts each request should verify, from its own acceptance so far.
 
-Verifying is not free on a CPU: a step over q tokens of one request costs about
-cost(q) = 1.45 + 0.2 * (q - 2) single-token steps for q >= 2 (SmolLM2-135M Q4_1 on 2 Zen 4 cores:
-5.4 ms for 1 token, 7.8 for 2, 10.4 for 5, 15.4 for 9, 22.0 for 17; the multi-row kernels and the
-logits of every verified position). With per-token acceptance a, m drafts yield
-T(m) = 1 + a + ... + a^m tokens, so the rate is T(m) / cost(1 + m): m = 8 pays 2.2x at a = 0.9,
-m = 2 only 1.2x at a = 0.6, and below a ~ 0.4 drafting loses. Each request drafts the m that
+Verifying is not free on a CPU: a step over q tokens of one request costs cost(q) single-token steps,
+measured by the runner at start-up (`ModelRunner._measure_verify_cost`). SmolLM2-135M Q4_1 on 2 Zen 4
+cores: 5.4 ms for 1 token, 7.8 for 2-4, 10.4 for 5-8, 15.4 for 9, 22.0 for 17 (row tiles of 4 in the
+integer kernels, and the logits of every verified position). With per-token acceptance a, m drafts
+yield T(m) = 1 + a + ... + a^m tokens, so the rate is T(m) / cost(1 + m): m = 7 pays ~2.2x at
+a = 0.9, m = 3 ~1.5x at a = 0.6, and below a ~ 0.4 drafting loses. Each request drafts the m that
 maximizes its rate, which is 0 when its drafts keep being rejected.
 
 The estimate of a: accepted and rejected draft tokens (a draft run ends at its first rejection), with
@@ -15,6 +15,8 @@ drafts stopped paying tries again after a while (text that starts to repeat its 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 PRIOR_ACCEPTANCE = 0.6
@@ -23,18 +25,26 @@ DECAY = 0.9
 
 
 def step_cost(num_tokens: np.ndarray) -> np.ndarray:
-    """Cost of verifying `num_tokens` tokens of one request, in single-token steps."""
+    """A fallback cost model (single-token steps for `num_tokens` verified tokens of one request)
+    where none was measured: a straight line through the figures above."""
     return np.where(num_tokens <= 1, 1.0, 1.45 + 0.2 * (num_tokens - 2))
 
 
 class DraftPolicy:
-    def __init__(self, max_drafts: int, grid: int = 100) -> None:
+    def __init__(self, max_drafts: int, cost: Optional[np.ndarray] = None, grid: int = 100) -> None:
+        """cost[q - 1]: the cost of a step verifying q tokens (q = 1..max_drafts + 1), relative to q = 1."""
         self.grid = grid
+        m = np.arange(max_drafts + 1)
+        if cost is None:
+            cost = step_cost(m + 1)
+        assert len(cost) == max_drafts + 1
+        # More tokens never cost less: a timing disturbed upwards is capped by the cheaper larger steps.
+        cost = np.minimum.accumulate(np.asarray(cost, dtype=np.float64)[::-1])[::-1]
+        self.cost = cost / cost[0]
         a = np.linspace(0.0, 1.0, grid + 1)[:, None]
-        m = np.arange(max_drafts + 1)[None, :]
-        expected = np.cumsum(a ** m, axis=1)  # T(m) = sum_{i<=m} a^i
+        expected = np.cumsum(a ** m[None, :], axis=1)  # T(m) = sum_{i<=m} a^i
         # best draft count for each acceptance on the grid
-        self._best = np.argmax(expected / step_cost(m + 1), axis=1)
+        self._best = np.argmax(expected / self.cost[None, :], axis=1)
 
     @staticmethod
     def acceptance(accepted: np.ndarray, rejected: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ import torch
 from vlite.attention.selector import get_attn_backend
 from vlite.config import SpeculativeConfig
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
+from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.quantization import QuantizationPlan
 from vlite.model_loader import ModelArchConfig
 from vlite.models.registry import build_model
@@ -82,6 +83,7 @@ class ModelRunner:
         self.eos_token_ids = list(eos_token_ids)
         self.quantization = quantization
         self.model = build_model(arch, weights, quantization, dtype).eval().to(self.device)  # the registry's class
+        self.tp = get_tp_group()  # tensor parallelism: rank 0 samples, the others take its tokens
         self.attention_windows = arch.attention_windows  # one attention-metadata view per window, each step
         self.attn_backend.load_kernels()
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
@@ -102,8 +104,9 @@ class ModelRunner:
             from vlite.spec_decode.ngram_proposer import NgramProposer
 
             self.proposer = NgramProposer(speculative_config)
-            self.draft_policy = DraftPolicy(speculative_config.num_speculative_tokens)
-            self.max_decode_query_len = 1 + speculative_config.num_speculative_tokens
+            k = speculative_config.num_speculative_tokens
+            self.max_decode_query_len = 1 + k
+            self.draft_policy = DraftPolicy(k, self._measure_verify_cost(k + 1, num_blocks))
         self._step: _StepState | None = None
         self._md_cache: tuple[tuple[int, bytes], SamplingMetadata] | None = None
         # Fault injection for reliability tests: a step computing this token id raises.
@@ -117,6 +120,40 @@ class ModelRunner:
             self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, self.attn_backend, block_size,
                                                self.attention_windows, max_num_reqs, max_blocks_per_req, self.device)
             self.cuda_graphs.capture()
+
+    @torch.inference_mode()
+    def _measure_verify_cost(self, max_tokens: int, num_blocks: int) -> Optional[np.ndarray]:
+        """Time a step verifying q = 1..max_tokens tokens of one request (its forward and logits, as
+        the decode rows a verify step runs) on scratch blocks of the still empty KV cache: the cost
+        model of DraftPolicy for this model, dtype and CPU. Best of 5 each (~0.5 s for q up to 9 here)."""
+        import time
+
+        context = 4 * self.block_size
+        if -(-(context + max_tokens) // self.block_size) > num_blocks:
+            return None
+        block_table = torch.arange(-(-(context + max_tokens) // self.block_size)).view(1, -1)
+        best = np.full(max_tokens, np.inf)
+        for _ in range(5):
+            for q in range(1, max_tokens + 1):
+                positions = torch.arange(context, context + q)
+                slots = block_table[0, positions // self.block_size] * self.block_size + positions % self.block_size
+                metadata = self.attn_backend.build_metadata(
+                    torch.tensor([0, q]), torch.tensor([context + q]), block_table, slots, self.block_size,
+                    self.attention_windows, max_query_len=q, max_decode_query_len=self.max_decode_query_len)
+                input_ids = torch.randint(0, self.vocab_size, (q,))
+                start = time.perf_counter()
+                hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+                self.model.compute_logits(hidden)
+                best[q - 1] = min(best[q - 1], time.perf_counter() - start)
+        for cache in self.kv_caches:  # back to the pool's initial state
+            cache[:, :, :block_table.shape[1]].zero_()
+        if (best < 0.9 * best[0]).any():  # a 1-token step slower than longer ones: the machine was busy
+            logger.warning("speculative decoding: verify step timings disturbed (%s ms); using the default "
+                           "cost model", " ".join(f"{1e3 * c:.1f}" for c in best))
+            return None
+        logger.info("speculative decoding: verify step cost (x a 1-token step) for 1..%d tokens: %s", max_tokens,
+                    " ".join(f"{c:.2f}" for c in best / best[0]))
+        return best
 
     def reset(self) -> None:
         """Forget the batch after a step raised: the scheduler re-sends every request as new.
@@ -279,6 +316,8 @@ class ModelRunner:
         if step is None or not step.req_ids:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[],
                                      prompt_logprobs=step.prompt_logprobs if step is not None else {})
+        if self.tp is not None and not self.tp.is_driver:
+            return self._take_driver_tokens(step)
         batch = self.input_batch
         rows = step.rows
         if step.num_drafts is None:
@@ -307,10 +346,12 @@ class ModelRunner:
             num_drafts, num_accepted = step.num_drafts, verified.num_accepted
 
         # Append the new tokens to the persistent batch: they are the next step's inputs.
-        token_rows = np.repeat(rows, counts)
-        within = np.arange(len(token_rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-        batch.token_ids[token_rows, batch.num_tokens[token_rows] + within] = [t for out in token_lists for t in out]
-        batch.num_tokens[rows] += counts
+        tokens = [t for out in token_lists for t in out]
+        if self.tp is not None:  # the other ranks append the same ones (_take_driver_tokens)
+            if step.num_drafts is not None:
+                self.tp.broadcast(torch.as_tensor(counts, dtype=torch.int64))
+            self.tp.broadcast(torch.tensor(tokens, dtype=torch.int64))
+        self._append_tokens(rows, counts, tokens)
 
         result = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=token_lists,
                                    prompt_logprobs=step.prompt_logprobs)
@@ -331,6 +372,26 @@ class ModelRunner:
                 result.spec_token_ids = self._propose_drafts(step.req_ids, rows)
         self._step = None
         return result
+
+    def _take_driver_tokens(self, step: _StepState) -> ModelRunnerOutput:
+        """A rank other than 0 under tensor parallelism: rank 0's new tokens (sampled, or verified drafts),
+        appended to the batch as the next step's inputs (one sampler, so seeded and random sampling
+        agree on every rank)."""
+        tp = self.tp
+        counts = (np.ones(len(step.rows), dtype=np.int64) if step.num_drafts is None
+                  else tp.broadcast(torch.empty(len(step.rows), dtype=torch.int64)).numpy())
+        tokens = tp.broadcast(torch.empty(int(counts.sum()), dtype=torch.int64)).numpy()
+        self._append_tokens(step.rows, counts, tokens)
+        self._step = None
+        return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], prompt_logprobs={})
+
+    def _append_tokens(self, rows: np.ndarray, counts: np.ndarray, tokens: Any) -> None:
+        """Append each row's new tokens (`counts[i]` of the flat `tokens` for rows[i]): the next step's inputs."""
+        batch = self.input_batch
+        token_rows = np.repeat(rows, counts)
+        within = np.arange(len(token_rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+        batch.token_ids[token_rows, batch.num_tokens[token_rows] + within] = tokens
+        batch.num_tokens[rows] += counts
 
     def _propose_drafts(self, req_ids: list[str], rows: np.ndarray) -> dict[str, list[int]]:
         """Drafts for the next step. Each request drafts what pays at its own acceptance so far

@@ -4,6 +4,11 @@ they held, prefix-cache hashes cover verified tokens only, and preemption/max_to
 
 from __future__ import annotations
 
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from vlite.config import SchedulerConfig, SpeculativeConfig
 from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.kv_cache_utils import compute_block_hashes
@@ -151,3 +156,55 @@ def test_stats_count_drafts_and_accepted_per_position():
     assert (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens) == (2, 5, 2)
     assert st.num_accepted_tokens_per_pos == [1, 1, 0]
     assert st.mean_acceptance_length == 2.0
+
+
+def test_abort_with_scheduled_drafts_frees_everything():
+    s = make()
+    r = req("a", [1, 2, 3, 4, 5])
+    s.add_request(r)
+    run_step(s, {}, {"a": [9, 9, 9]})
+    so = s.schedule()
+    assert so.scheduled_spec_decode_tokens == {"a": [9, 9, 9]}
+    s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    s.update_from_output(so, ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[[9, 5]]))
+    assert s.kv_cache_manager.get_num_free_blocks() == 64 and not s.requests
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12)), min_size=1, max_size=6),
+       st.integers(0, 2**31 - 1), st.integers(8, 40))
+def test_invariants_under_random_acceptance(reqs, seed, num_blocks):
+    """Random prompts, draft proposals and acceptance, a small pool (preemption): every step keeps
+    num_computed_tokens < num_tokens_with_spec + 1, blocks cover the computed tokens, outputs reach
+    max_tokens exactly, and every block is free at the end."""
+    rng = random.Random(seed)
+    s = make(num_blocks=num_blocks, block_size=4, max_num_batched_tokens=24)
+    requests = []
+    for i, (plen, max_tokens) in enumerate(reqs):
+        if plen + max_tokens > num_blocks * 4:
+            continue
+        r = req(f"r{i}", [rng.randrange(50) for _ in range(plen)], max_tokens=max_tokens)
+        requests.append(r)
+        s.add_request(r)
+    for _ in range(500):
+        if not s.has_unfinished_requests():
+            break
+        so = s.schedule()
+        for rid, n in so.num_scheduled_tokens.items():
+            r = s.requests[rid]
+            assert r.num_computed_tokens <= r.num_tokens + len(so.scheduled_spec_decode_tokens.get(rid, []))
+            assert len(s.kv_cache_manager.req_to_blocks[rid]) * 4 >= r.num_computed_tokens
+        req_ids = sorted(so.sample_req_ids)
+        sampled = []
+        for rid in req_ids:
+            spec = so.scheduled_spec_decode_tokens.get(rid, [])
+            sampled.append(spec[:rng.randint(0, len(spec))] + [rng.randrange(50)])
+        drafts = {rid: [rng.randrange(50) for _ in range(rng.randint(0, 3))] for rid in req_ids}
+        s.update_from_output(so, ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled,
+                                                   spec_token_ids=drafts))
+        for r in s.running:
+            assert r.num_computed_tokens <= r.num_tokens
+    assert not s.has_unfinished_requests()
+    for r in requests:
+        assert len(r.output_token_ids) == r.sampling_params.max_tokens
+    assert s.kv_cache_manager.get_num_free_blocks() == num_blocks

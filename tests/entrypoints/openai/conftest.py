@@ -82,6 +82,21 @@ def start_server(tmp_path_factory, *extra: str, env: Optional[dict[str, str]] = 
     raise RuntimeError("server did not become healthy in time")
 
 
+def wait_unhealthy(server: Server, timeout: float = 5.0, poll_s: float = 0.1) -> Optional[int]:
+    """Poll /health until it is not 200 (or `timeout`): the last status, None once the server is gone."""
+    deadline = time.time() + timeout
+    status: Optional[int] = 200
+    while time.time() < deadline:
+        try:
+            status = httpx.get(f"{server.url}/health", timeout=1).status_code
+        except httpx.HTTPError:
+            status = None  # the server is already gone
+        if status != 200:
+            break
+        time.sleep(poll_s)
+    return status
+
+
 def stop_server(server: Server, timeout: float = 30) -> int:
     engine = child_pids(server.proc.pid)
     if server.proc.poll() is None:

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.entrypoints.openai.conftest import pid_alive, start_server, stop_server
+from tests.entrypoints.openai.conftest import pid_alive, start_server, stop_server, wait_unhealthy
 
 pytestmark = pytest.mark.slow
 
@@ -234,17 +234,7 @@ def test_engine_death_fails_requests_and_exits(tmp_path_factory):
             rest = list(lines)  # must end (with an error event), not hang
         assert any('"error"' in line for line in rest), rest[-3:]
         assert time.time() - t0 < 10
-        deadline = time.time() + 5
-        statuses = []
-        while time.time() < deadline:
-            try:
-                statuses.append(httpx.get(f"{srv.url}/health", timeout=1).status_code)
-            except httpx.HTTPError:
-                statuses.append(None)  # the server is already gone
-            if statuses[-1] != 200:
-                break
-            time.sleep(0.1)
-        assert statuses[-1] != 200 and time.time() - t0 < 3
+        assert wait_unhealthy(srv) != 200 and time.time() - t0 < 3
         assert srv.proc.wait(30) != 0  # the server exits non-zero so a supervisor restarts it
     finally:
         if srv.proc.poll() is None:

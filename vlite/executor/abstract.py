@@ -1,0 +1,129 @@
+"""Executor: what EngineCore drives a step through, whatever the processes behind it.
+
+    uni  the ModelRunner in the engine-core process (vlite.executor.uniproc_executor)
+    mp   one worker process per tensor-parallel rank on this machine (vlite.executor.multiproc_executor)
+    ray  one Ray actor per rank, placed by a placement group on any node of a Ray cluster (ray_executor)
+
+EngineCore calls execute_model(scheduler_output), then sample_tokens(grammar_output), once per step:
+every rank runs the step; the tokens come from rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
+    from vlite.engine.arg_utils import LoadedEngineConfig
+    from vlite.structured_output.manager import GrammarOutput
+
+
+logger = logging.getLogger("vlite")
+
+_ERROR_GRACE_S = 2.0  # after one rank's error, how long the others get to answer
+
+
+class ExecutorDeadError(RuntimeError):
+    """A worker is gone or out of step with the others: no request can complete on this executor."""
+
+
+class Executor(ABC):
+    @staticmethod
+    def create(loaded: LoadedEngineConfig) -> Executor:
+        """The executor the parallel config names."""
+        backend = loaded.config.parallel_config.backend
+        if backend == "uni":
+            from vlite.executor.uniproc_executor import UniProcExecutor
+
+            return UniProcExecutor(loaded)
+        if backend == "mp":
+            from vlite.executor.multiproc_executor import MultiprocExecutor
+
+            return MultiprocExecutor(loaded)
+        if backend == "ray":
+            from vlite.executor.ray_executor import RayExecutor
+
+            return RayExecutor(loaded)
+        raise ValueError(f"distributed_executor_backend {backend!r} is not supported")
+
+    @abstractmethod
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        """Run the step's forward on every rank (the outputs wait for sample_tokens)."""
+
+    @abstractmethod
+    def sample_tokens(self, grammar_output: Optional[GrammarOutput] = None) -> ModelRunnerOutput:
+        """The step's sampled tokens (rank 0's; the other ranks take the same ones)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget the persistent batch on every rank after a step raised (see ModelRunner.reset)."""
+
+    def check_health(self) -> None:
+        """Raise ExecutorDeadError if a worker is gone."""
+
+    def shutdown(self) -> None:
+        """Stop the workers; no process is left behind."""
+
+
+class Replies:
+    """One reply per rank, as they come. After a rank's error the others get a short grace: they may
+    be blocked in a collective the failed rank never joined."""
+
+    def __init__(self, world_size: int, timeout: Optional[float] = None) -> None:
+        self.values: list[Any] = [None] * world_size
+        self.errors: dict[int, str] = {}
+        self.pending = set(range(world_size))
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def time_left(self) -> Optional[float]:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def add(self, rank: int, reply: tuple[str, Any]) -> None:
+        kind, value = reply
+        self.pending.discard(rank)
+        if kind != "error":
+            self.values[rank] = value
+            return
+        self.errors[rank] = value
+        if self.deadline is None or self.deadline - time.monotonic() > _ERROR_GRACE_S:
+            self.deadline = time.monotonic() + _ERROR_GRACE_S
+
+    def first_error(self) -> str:
+        return f"rank {min(self.errors)} failed: {self.errors[min(self.errors)]}" if self.errors else ""
+
+
+class WorkerGroupExecutor(Executor):
+    """Ranks in other processes (mp, ray): what a missing, dead or lone failing rank means."""
+
+    _dead: Optional[str] = None
+
+    @abstractmethod
+    def _kill_workers(self) -> None:
+        """Stop every rank now (some may be blocked in a collective: no waiting for them)."""
+
+    def check_health(self) -> None:
+        if self._dead is not None:
+            raise ExecutorDeadError(self._dead)
+
+    def _fail(self, message: str) -> None:
+        if self._dead is None:
+            self._dead = message
+        logger.error("vlite: model workers failed: %s", message)
+        self._kill_workers()
+        raise ExecutorDeadError(message)
+
+    def _settle(self, replies: Replies) -> list[Any]:
+        """The replies once every rank answered: every rank failing alike fails the step (the group is
+        whole: the engine core fails its requests and goes on); some failing alone end the executor."""
+        if replies.pending:
+            self._fail(f"worker rank(s) {sorted(replies.pending)} did not answer"
+                       + (f" after {replies.first_error()}" if replies.errors else ""))
+        if replies.errors:
+            first = replies.errors[min(replies.errors)]
+            if len(replies.errors) == len(replies.values):
+                raise RuntimeError(first)
+            self._fail(f"worker rank(s) {sorted(replies.errors)} failed alone: {first}")
+        return replies.values

@@ -1,0 +1,179 @@
+"""The `mp` executor: one worker process per tensor-parallel rank on this machine (vlite.worker.worker).
+
+Each step's SchedulerOutput is pickled once and the same bytes are written to every worker's pipe
+(no per-worker pickling); every rank runs the step, rank 0 returns the sampled tokens, the others
+an acknowledgement. Failure, never a hang:
+
+- a worker that exits (killed, crashed) is seen at once, while a step waits (its process sentinel
+  is waited on beside the pipes) or between steps (a monitor thread): ExecutorDeadError, the other
+  workers are stopped;
+- a worker that raises while the others do not (they may be blocked in a collective): after a
+  short grace the executor gives up on the group (ExecutorDeadError); if every rank raised alike
+  (e.g. on a bad input before the forward), the step fails as it would in one process;
+- the collectives themselves time out (vlite.distributed.parallel_state.init_tp_group).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import multiprocessing
+import os
+import pickle
+import socket
+import threading
+import time
+from multiprocessing.connection import wait
+from typing import TYPE_CHECKING, Any, Optional
+
+from vlite.executor.abstract import Replies, WorkerGroupExecutor
+from vlite.worker.worker import run_worker
+
+if TYPE_CHECKING:
+    from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
+    from vlite.engine.arg_utils import LoadedEngineConfig
+    from vlite.structured_output.manager import GrammarOutput
+
+logger = logging.getLogger("vlite")
+
+_START_TIMEOUT_S = 600.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MultiprocExecutor(WorkerGroupExecutor):
+    def __init__(self, loaded: LoadedEngineConfig) -> None:
+        self.world_size = loaded.config.parallel_config.tensor_parallel_size
+        self._dead: Optional[str] = None
+        self._closing = False
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        ctx = multiprocessing.get_context("spawn")
+        worker_loaded = dataclasses.replace(loaded, weights={})
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.conns = []
+        level = logging.getLogger("vlite").level or logging.WARNING
+        for rank in range(self.world_size):
+            parent_conn, child_conn = ctx.Pipe()
+            proc = ctx.Process(target=run_worker, name=f"vlite-worker-{rank}", daemon=True,
+                               args=(rank, self.world_size, init_method, worker_loaded, child_conn, os.getpid(),
+                                     level))
+            proc.start()
+            child_conn.close()
+            self.procs.append(proc)
+            self.conns.append(parent_conn)
+        try:
+            self.worker_info: list[dict[str, Any]] = self._collect(timeout=_START_TIMEOUT_S)
+        except Exception:
+            self.shutdown()
+            raise
+        logger.info("vlite: %d worker(s) ready (tensor parallel): %s", self.world_size,
+                    ", ".join(f"rank {i['rank']} pid {i['pid']} weights {i['weight_bytes'] / 2**20:.1f} MiB"
+                              for i in self.worker_info))
+        atexit.register(self.shutdown)  # before multiprocessing's own exit handler kills the workers
+        self._monitor = threading.Thread(target=self._watch_workers, name="vlite-worker-monitor", daemon=True)
+        self._monitor.start()
+
+    # ---- the step ----------------------------------------------------------------------------
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        self._broadcast("execute_model", scheduler_output)
+
+    def sample_tokens(self, grammar_output: Optional[GrammarOutput] = None) -> ModelRunnerOutput:
+        self._broadcast("sample_tokens", grammar_output)
+        return self._collect()[0]
+
+    def reset(self) -> None:
+        self._broadcast("reset")
+        self._collect()
+
+    def worker_stats(self) -> list[dict[str, Any]]:
+        """Each rank's resident weight bytes and process RSS (measurements, tests)."""
+        self._broadcast("stats")
+        return self._collect()
+
+    # ---- messages -----------------------------------------------------------------------------
+
+    def _broadcast(self, method: str, arg: Any = None) -> None:
+        """One pickle, the same bytes to every rank."""
+        self.check_health()
+        data = pickle.dumps((method, arg), protocol=pickle.HIGHEST_PROTOCOL)
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(data)
+            except OSError as e:
+                self._fail(f"cannot reach worker rank {rank}: {e}")
+
+    def _collect(self, timeout: Optional[float] = None) -> list[Any]:
+        """Every rank's reply; a dead worker, or ranks that disagree on failing, end the executor."""
+        replies = Replies(self.world_size, timeout)
+        by_conn = {id(c): r for r, c in enumerate(self.conns)}
+        by_sentinel = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while replies.pending:
+            ready = wait([self.conns[r] for r in replies.pending] + list(by_sentinel), replies.time_left())
+            if not ready:
+                break
+            # pipes first: a worker that reports an error and exits is reported by its error
+            for obj in sorted(ready, key=lambda o: isinstance(o, int)):
+                if isinstance(obj, int):
+                    rank = by_sentinel[obj]
+                    if rank in replies.pending and self.conns[rank].poll():
+                        continue  # its last words are read on the next turn
+                    self._fail(replies.first_error() or self._exit_message(rank))
+                rank = by_conn[id(obj)]
+                try:
+                    replies.add(rank, pickle.loads(obj.recv_bytes()))
+                except (EOFError, OSError):
+                    self._fail(self._exit_message(rank))
+        return self._settle(replies)
+
+    def _exit_message(self, rank: int) -> str:
+        proc = self.procs[rank]
+        proc.join(1.0)  # its sentinel fired: it is gone, only not yet reaped
+        return f"worker rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}"
+
+    def _kill_workers(self) -> None:
+        self.shutdown(graceful=False)
+
+    def _watch_workers(self) -> None:
+        """Between steps too: a worker that exits marks the executor dead at once."""
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        ready = wait(list(sentinels))
+        if not self._closing and self._dead is None:
+            self._dead = self._exit_message(sentinels[ready[0]])
+            logger.error("vlite: %s", self._dead)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def shutdown(self, graceful: bool = True) -> None:
+        """Ask the workers to exit (`graceful`: give them up to 2 s), then kill any left."""
+        if self._closing:
+            return
+        self._closing = True
+        atexit.unregister(self.shutdown)
+        data = pickle.dumps(("shutdown", None))
+        for conn in self.conns:
+            try:
+                conn.send_bytes(data)
+            except OSError:
+                pass
+        deadline = time.monotonic() + (2.0 if graceful else 0.0)
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        for conn in self.conns:
+            conn.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closing", True):
+            try:
+                self.shutdown()
+            except Exception:
+                pass

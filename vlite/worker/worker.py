@@ -1,0 +1,193 @@
+"""A model worker: one tensor-parallel rank, in a process of the `mp` executor
+(vlite.executor.multiproc_executor) or in a Ray actor of the `ray` executor (vlite.executor.ray_executor).
+
+It joins the torch.distributed group, loads its shard of the weights as the checkpoint is read (no
+process holds the whole model), builds a ModelRunner over that shard and then runs what the
+executor sends: each message is pickled once by the executor and read here as bytes.
+
+    ("execute_model", SchedulerOutput)     no reply (an error is kept for the next sample_tokens)
+    ("sample_tokens", GrammarOutput|None)  reply ("ok", ModelRunnerOutput on rank 0 / None) or ("error", text)
+    ("reset", None)                        reply ("ok", None)
+    ("shutdown", None)                     exit
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import signal
+import traceback
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    import torch
+
+    from vlite.engine.arg_utils import LoadedEngineConfig
+
+logger = logging.getLogger("vlite.worker")
+
+_PARENT_POLL_S = 0.5
+
+
+def load_shard(loaded: LoadedEngineConfig, rank: int, world_size: int) -> LoadedEngineConfig:
+    """`loaded` with this rank's part of the config and of the weights, read one tensor at a time."""
+    from vlite.distributed.tp_shard import plan_tp, shard_arch, shard_weight
+    from vlite.model_loader import iter_model_weights
+    from vlite.model_loader.arch_config import expected_weight_names
+
+    _, tensors = iter_model_weights(loaded.resolved, loaded.torch_dtype)
+    arch = loaded.arch
+    if world_size == 1:
+        return dataclasses.replace(loaded, weights=dict(tensors))
+    shard = plan_tp(arch, world_size)[rank]
+    from vlite.distributed.parallel_state import get_tp_group
+
+    tp = get_tp_group()
+    if tp is not None:
+        tp.shard = shard
+    weights = {name: shard_weight(name, w, arch, shard) for name, w in tensors}
+    missing = sorted(expected_weight_names(arch) - weights.keys())
+    if missing:
+        raise ValueError(f"{loaded.resolved.name}: missing tensors {missing[:5]}")
+    return dataclasses.replace(loaded, arch=shard_arch(arch, shard), weights=weights)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the distinct tensors the model holds (parameters, packed and tiled weights); not the
+    rotary tables, which are no weights (and every rank keeps whole)."""
+    import torch
+
+    from vlite.layers.packed import PackedTensors, TiledTensors
+    from vlite.layers.rotary_embedding import RotaryEmbedding
+
+    seen: dict[int, int] = {}
+
+    def add(t: Any) -> None:
+        if isinstance(t, torch.Tensor):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        elif isinstance(t, (PackedTensors, TiledTensors)):
+            for f in dataclasses.fields(t):
+                add(getattr(t, f.name))
+
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            continue
+        for value in vars(module).values():
+            add(value)
+        for p in module.parameters(recurse=False):
+            add(p)
+        for b in module.buffers(recurse=False):
+            add(b)
+    return sum(seen.values())
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the engine core dies, however it dies (no orphan ranks)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Worker:
+    """One rank: joins the group, loads its shard, runs what the executor sends (`handle`)."""
+
+    def __init__(self, rank: int, world_size: int, init_method: str, loaded: LoadedEngineConfig) -> None:
+        import torch
+
+        from vlite.distributed.parallel_state import init_tp_group
+        from vlite.executor.uniproc_executor import build_model_runner
+
+        if "OMP_NUM_THREADS" not in os.environ:  # the ranks share the machine's cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        self.rank = rank
+        if world_size > 1:
+            init_tp_group(rank, world_size, init_method)
+        self.runner = build_model_runner(load_shard(loaded, rank, world_size))
+        self._pending_error: Optional[str] = None
+
+    def info(self) -> dict[str, Any]:
+        return {"rank": self.rank, "pid": os.getpid(), "weight_bytes": weight_bytes(self.runner.model),
+                "rss_bytes": _rss_bytes()}
+
+    def handle(self, method: str, arg: Any) -> Optional[tuple[str, Any]]:
+        """The reply to one message, or None (execute_model: its error waits for sample_tokens)."""
+        runner = self.runner
+        if method == "execute_model":
+            try:
+                runner.execute_model(arg)
+            except Exception as e:
+                self._pending_error = f"{type(e).__name__}: {e}"
+                logger.error("rank %d: execute_model raised: %s", self.rank, traceback.format_exc())
+            return None
+        if method == "sample_tokens":
+            if self._pending_error is not None:
+                reply, self._pending_error = ("error", self._pending_error), None
+                return reply
+            try:
+                out = runner.sample_tokens(arg)
+                return ("ok", out if self.rank == 0 else None)
+            except Exception as e:
+                logger.error("rank %d: sample_tokens raised: %s", self.rank, traceback.format_exc())
+                return ("error", f"{type(e).__name__}: {e}")
+        if method == "reset":
+            runner.reset()
+            self._pending_error = None
+            return ("ok", None)
+        if method == "stats":
+            return ("ok", self.info())
+        return ("error", f"unknown worker method {method!r}")
+
+    def close(self) -> None:
+        from vlite.distributed.parallel_state import destroy_tp_group
+
+        destroy_tp_group()
+
+
+def run_worker(rank: int, world_size: int, init_method: str, loaded: LoadedEngineConfig, conn: Connection,
+               parent_pid: int, log_level: int) -> None:
+    """Process entry point of one rank of the `mp` executor."""
+    _die_with_parent()
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [worker {rank}] %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process owns shutdown
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if os.getppid() != parent_pid:
+        return
+    try:
+        worker = Worker(rank, world_size, init_method, loaded)
+    except Exception as e:
+        logger.error("rank %d failed to start: %s", rank, traceback.format_exc())
+        conn.send_bytes(pickle.dumps(("error", f"rank {rank} failed to start: {type(e).__name__}: {e}")))
+        return
+    conn.send_bytes(pickle.dumps(("ok", worker.info())))
+    try:
+        _serve(worker, conn, parent_pid)
+    finally:
+        worker.close()
+
+
+def _serve(worker: Worker, conn: Connection, parent_pid: int) -> None:
+    while True:
+        if not conn.poll(_PARENT_POLL_S):
+            if os.getppid() != parent_pid:
+                return
+            continue
+        try:
+            method, arg = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        if method == "shutdown":
+            return
+        reply = worker.handle(method, arg)
+        if reply is not None:
+            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
