@@ -60,3 +60,5 @@ def test_cpu_quantization_on_cuda_is_refused_before_any_work(monkeypatch):
         EngineArgs(device="cuda", quantization="int8").create_engine_config()
     with pytest.raises(ValueError, match="speculative_config runs on the CPU only"):
         EngineArgs(device="cuda", speculative_config={"num_speculative_tokens": 2}).create_engine_config()
+    with pytest.raises(ValueError, match="tensor_parallel_size / data_parallel_size > 1 run CPU worker processes"):
+        EngineArgs(device="cuda", tensor_parallel_size=2).create_engine_config()
