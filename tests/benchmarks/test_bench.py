@@ -335,4 +335,4 @@ def test_copy_requests_ask_to_copy_their_own_text(hf_tokenizer):
     assert all(not r.ignore_eos and r.output_len == 64 for r in reqs)
     texts = [hf_tokenizer.decode(r.prompt_token_ids) for r in reqs]
     assert "Repeat the following text exactly" in texts[0] and "Correct the spelling" in texts[1]
-    assert "def " in texts[2] and all("<|im_start|>assistant" in t for t in texts)
+    assert "Rename the function" in texts[2] and "def " in texts[2] and all("<|im_start|>assistant" in t for t in texts)

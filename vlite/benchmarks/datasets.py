@@ -6,7 +6,7 @@ where the model ends its answer.
 
 "copy" (`copy_requests`): chat prompts whose answers repeat long spans of the prompt, the kind of
 work n-gram speculative decoding is for: repeat a passage, correct its typos, or return a function
-with a docstring added. Passages and functions come from Python's own standard library sources.
+with one change (its name). Passages and functions come from Python's own standard library sources.
 
 JSON dataset format (`--dataset-path`): a list of objects
 
@@ -144,7 +144,7 @@ def _passages_and_functions() -> tuple[list[str], list[str]]:
                     src = inspect.getsource(obj)
                 except (OSError, TypeError):
                     continue
-                if 5 <= src.count("\n") <= 25:
+                if 5 <= src.count("\n") <= 25 and src.lstrip().startswith("def "):
                     functions.append(src)
     return passages, functions
 
@@ -175,7 +175,10 @@ def copy_requests(tokenizer: Any, num_prompts: int, output_len: int, seed: int =
             text = ("Correct the spelling mistakes in the following text and return the whole corrected text:"
                     f"\n\n{_with_typos(rng.choice(passages), rng)}")
         else:
-            text = f"Add a docstring to this Python function and return the whole function:\n\n{rng.choice(functions)}"
+            source = rng.choice(functions)
+            name = source.split("def ", 1)[1].split("(", 1)[0]
+            text = (f"Rename the function `{name}` to `{name}_v2` in this Python code and return the whole "
+                    f"code:\n\n{source}")
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             tokenize=True)
         if not isinstance(ids, list):  # a BatchEncoding in newer transformers

@@ -32,8 +32,8 @@ def add_dataset_args(parser: argparse.ArgumentParser, default_num_prompts: int) 
     group = parser.add_argument_group("dataset options")
     group.add_argument("--dataset", default="random", choices=["random", "copy"],
                        help="where prompts come from when no --dataset-path is given: random token ids, or "
-                            "chat prompts whose answers copy spans of the prompt (repeat, correct typos, add "
-                            "a docstring; at most --output-len tokens each, to the model's end of answer) "
+                            "chat prompts whose answers copy spans of the prompt (repeat, correct typos, rename "
+                            "a function; at most --output-len tokens each, to the model's end of answer) "
                             "(default: %(default)s)")
     group.add_argument("--dataset-path", default=None, metavar="FILE",
                        help='a JSON list of {"prompt_token_ids": [...], "output_len": n}; overrides --dataset')
