@@ -32,3 +32,15 @@ def test_counts_follow_outcomes_and_decay():
         acc, rej = p.update(acc, rej, np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64))
         steps += 1
     assert 3 <= steps <= 40
+
+
+def test_a_batch_drafts_only_when_the_whole_step_pays():
+    # costs of 1..16 tokens: flat up to 4 (one row tile), then ~0.45 a tile, as measured on Zen 4
+    cost = np.array([1.0, 1.07, 1.12, 1.2, 1.55, 1.6, 1.7, 1.9, 2.5, 2.6, 2.7, 2.8, 3.5, 3.6, 3.7, 3.8])
+    p = DraftPolicy(8, cost, max_tokens=16)
+    high = (np.full(4, 20.0), np.zeros(4))  # acceptance ~0.9
+    low = (np.full(4, 1.0), np.full(4, 3.0))  # acceptance ~0.43
+    assert p.batch_pays(*high, np.array([1, 1, 1, 1]))  # 8 tokens for ~7.9
+    assert not p.batch_pays(*low, np.array([1, 1, 1, 1]))
+    assert not p.batch_pays(*high, np.array([5, 5, 5, 5]))  # 24 tokens: past the measured steps
+    assert p.batch_pays(np.zeros(1), np.full(1, 50.0), np.array([3]))  # one request: its own choice

@@ -22,6 +22,10 @@ import numpy as np
 PRIOR_ACCEPTANCE = 0.6
 PRIOR_WEIGHT = 2.0
 DECAY = 0.9
+# A batch of several requests drafts only when the model predicts at least this much more output per
+# unit of step time: there the first rows of a step are no longer nearly free (a step of 4 decodes
+# already fills a row tile), and a wrong guess slows every request in it.
+MIN_BATCH_GAIN = 1.2
 
 
 def step_cost(num_tokens: np.ndarray) -> np.ndarray:
@@ -31,20 +35,23 @@ def step_cost(num_tokens: np.ndarray) -> np.ndarray:
 
 
 class DraftPolicy:
-    def __init__(self, max_drafts: int, cost: Optional[np.ndarray] = None, grid: int = 100) -> None:
-        """cost[q - 1]: the cost of a step verifying q tokens (q = 1..max_drafts + 1), relative to q = 1."""
+    def __init__(self, max_drafts: int, cost: Optional[np.ndarray] = None, grid: int = 100,
+                 max_tokens: Optional[int] = None) -> None:
+        """cost[q - 1]: the cost of a step of q tokens (q = 1..max_tokens, at least max_drafts + 1), relative
+        to q = 1."""
         self.grid = grid
         m = np.arange(max_drafts + 1)
+        max_tokens = max(max_tokens or 0, max_drafts + 1)
         if cost is None:
-            cost = step_cost(m + 1)
-        assert len(cost) == max_drafts + 1
+            cost = step_cost(np.arange(1, max_tokens + 1))
+        assert len(cost) >= max_drafts + 1
         # More tokens never cost less: a timing disturbed upwards is capped by the cheaper larger steps.
         cost = np.minimum.accumulate(np.asarray(cost, dtype=np.float64)[::-1])[::-1]
         self.cost = cost / cost[0]
         a = np.linspace(0.0, 1.0, grid + 1)[:, None]
         expected = np.cumsum(a ** m[None, :], axis=1)  # T(m) = sum_{i<=m} a^i
         # best draft count for each acceptance on the grid
-        self._best = np.argmax(expected / self.cost[None, :], axis=1)
+        self._best = np.argmax(expected / self.cost[None, :max_drafts + 1], axis=1)
 
     @staticmethod
     def acceptance(accepted: np.ndarray, rejected: np.ndarray) -> np.ndarray:
@@ -54,6 +61,19 @@ class DraftPolicy:
         """The draft count that maximizes each request's tokens per unit of step time."""
         a = self.acceptance(accepted, rejected)
         return self._best[np.rint(a * self.grid).astype(np.int64)]
+
+    def batch_pays(self, accepted: np.ndarray, rejected: np.ndarray, num_drafts: np.ndarray) -> bool:
+        """Whether a step of several requests with these drafts is predicted to give MIN_BATCH_GAIN more
+        tokens per unit of time than the step without them (one request: its own choice, always)."""
+        num_reqs = len(num_drafts)
+        rows = num_reqs + int(num_drafts.sum())
+        if num_reqs <= 1:
+            return True
+        if rows > len(self.cost):
+            return False
+        a = self.acceptance(accepted, rejected)
+        expected = float(np.sum((1 - a ** (num_drafts + 1)) / np.maximum(1 - a, 1e-9)))
+        return expected / self.cost[rows - 1] >= MIN_BATCH_GAIN * num_reqs / self.cost[num_reqs - 1]
 
     @staticmethod
     def update(accepted: np.ndarray, rejected: np.ndarray, num_drafts: np.ndarray,

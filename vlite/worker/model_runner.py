@@ -106,7 +106,9 @@ class ModelRunner:
             self.proposer = NgramProposer(speculative_config)
             k = speculative_config.num_speculative_tokens
             self.max_decode_query_len = 1 + k
-            self.draft_policy = DraftPolicy(k, self._measure_verify_cost(k + 1, num_blocks))
+            max_tokens = max(k + 1, speculative_config.max_verify_tokens)
+            self.draft_policy = DraftPolicy(k, self._measure_verify_cost(max_tokens, num_blocks),
+                                            max_tokens=max_tokens)
         self._step: _StepState | None = None
         self._md_cache: tuple[tuple[int, bytes], SamplingMetadata] | None = None
         # Fault injection for reliability tests: a step computing this token id raises.
@@ -396,7 +398,8 @@ class ModelRunner:
     def _propose_drafts(self, req_ids: list[str], rows: np.ndarray) -> dict[str, list[int]]:
         """Drafts for the next step. Each request drafts what pays at its own acceptance so far
         (DraftPolicy: verify tokens cost ~0.2 of a step each on a CPU). Drafts go only to a step where
-        every request sampled has some, so a request without a match never waits for others' drafts,
+        every request sampled has some, so a request without a match never waits for others' drafts;
+        several requests draft only when the whole step is predicted to pay (DraftPolicy.batch_pays);
         and within `max_verify_tokens` (sampled requests plus drafts): past it a CPU step is
         compute-bound and drafts cost what they save, so a busy batch gets none."""
         config = self.speculative_config
@@ -420,6 +423,9 @@ class ModelRunner:
         # Keep the budget: cut the drafts that would pass it.
         before = np.cumsum(num_drafts) - num_drafts
         num_drafts = np.clip(budget - before, 0, num_drafts)
+        if adaptive and not self.draft_policy.batch_pays(batch.spec_accepted[rows], batch.spec_rejected[rows],
+                                                         num_drafts):
+            return {}
         return {req_ids[i]: drafts[i, :n].tolist() for i, n in enumerate(num_drafts.tolist()) if n}
 
     @staticmethod
