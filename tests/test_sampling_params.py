@@ -47,7 +47,7 @@ def test_any_field_value_is_accepted_or_refused_by_name(kwargs):
         assert "vocabulary" in str(e)
         return
     batch = InputBatch(max_num_reqs=2, max_model_len=32, max_blocks_per_req=4, vocab_size=VOCAB)
-    row = batch.add_request("r", [1, 2, 3], 3, 0, [0], params, None)
+    row = batch.add_request("r", [1, 2, 3], 3, 0, [0], params)
     assert np.isfinite(batch.temperature[row]) and batch.top_k[row] >= 0
     for name in ("top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
         assert np.isfinite(getattr(batch, name)[row]), name

@@ -133,7 +133,12 @@ class MultiprocExecutor(WorkerGroupExecutor):
 
     def _exit_message(self, rank: int) -> str:
         proc = self.procs[rank]
-        proc.join(1.0)  # its sentinel fired: it is gone, only not yet reaped
+        # Its sentinel fired: it is gone, only maybe not yet reaped. The monitor thread may be reaping it
+        # at the same moment (then this thread's join sees no exit code until that one records it).
+        deadline = time.monotonic() + 1.0
+        proc.join(1.0)
+        while proc.exitcode is None and time.monotonic() < deadline:
+            proc.join(0.02)
         return f"worker rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}"
 
     def _kill_workers(self) -> None:
