@@ -24,6 +24,8 @@ from typing import Optional
 
 import torch
 
+from vlite.layers import weight_arena
+
 QK = 32  # inputs per block
 TILE = 16  # output rows per tile of the kernels' layout
 
@@ -111,7 +113,8 @@ class PackedTensors:
             t = torch.nn.functional.pad(t, (0, 0, 0, pad))
             return t.view(tiles, TILE, t.shape[1]).transpose(1, 2).contiguous()
 
-        return TiledTensors(self.bits, qt, by_tile(self.scales), None if self.mins is None else by_tile(self.mins),
+        mins = None if self.mins is None else weight_arena.place(by_tile(self.mins))
+        return TiledTensors(self.bits, weight_arena.place(qt), weight_arena.place(by_tile(self.scales)), mins,
                             self.sub, n, k)
 
 
