@@ -44,6 +44,11 @@ class SamplingMetadata:
         return replace(self, **{f.name: move(getattr(self, f.name)) for f in fields(self) if f.name != "generators"})
 
     @property
+    def no_processors(self) -> bool:
+        return (self.disallowed_mask is None and not self.bad_words_token_ids and self.min_tokens is None
+                and self.logit_bias is None)
+
+    @property
     def no_penalties(self) -> bool:
         return self.presence_penalties is None and self.frequency_penalties is None and \
             self.repetition_penalties is None

@@ -27,7 +27,9 @@ import numpy as np
 import torch
 
 from vlite.sample.metadata import SamplingMetadata
-from vlite.sample.sampler import LogprobsTensors, gather_logprobs, inverse_cdf_sample, process_logits, target_probs
+from vlite.sample.sampler import (LogprobsTensors, gather_logprobs, greedy_argmax, inverse_cdf_sample, process_logits,
+                                  target_probs)
+from vlite.utils import group_offsets
 
 
 @dataclass
@@ -43,51 +45,72 @@ def rejection_sample(logits: torch.Tensor, md: SamplingMetadata, num_drafts: np.
 
     num_drafts [B]; draft_token_ids [sum(num_drafts)] flat, requests in order.
     """
-    num_reqs, num_rows = len(num_drafts), logits.shape[0]
+    num_reqs = len(num_drafts)
     max_drafts = int(num_drafts.max()) if num_reqs else 0
     starts = np.zeros(num_reqs, dtype=np.int64)
     np.cumsum(num_drafts[:-1] + 1, out=starts[1:])
-    starts_t, num_drafts_t = torch.from_numpy(starts), torch.from_numpy(num_drafts)
 
     raw_logprobs, logits = process_logits(logits, md)
 
     # Drafts as a [B, max_drafts] grid (padding never accepted), and the rows that score them.
-    has_draft = torch.from_numpy(np.arange(max_drafts)[None, :] < num_drafts[:, None])
-    drafts = torch.zeros(num_reqs, max_drafts, dtype=torch.int64)
-    drafts[has_draft] = torch.from_numpy(draft_token_ids.astype(np.int64, copy=False))
-    draft_rows = (starts_t[:, None] + torch.arange(max_drafts)[None, :])[has_draft]
+    has_draft = np.arange(max_drafts)[None, :] < num_drafts[:, None]
+    drafts = np.zeros((num_reqs, max_drafts), dtype=np.int64)
+    drafts[has_draft] = draft_token_ids
+    draft_rows = (starts[:, None] + np.arange(max_drafts)[None, :])[has_draft]
     draft_ids = drafts[has_draft]
 
+    if md.all_greedy:  # the common case, in numpy: a few small-array operations
+        target = greedy_argmax(logits).numpy()
+        accept = np.zeros((num_reqs, max_drafts), dtype=bool)
+        accept[has_draft] = target[draft_rows] == draft_ids
+        n_acc = np.cumprod(accept, axis=1).sum(axis=1) if max_drafts else np.zeros(num_reqs, dtype=np.int64)
+        final_list = target[starts + n_acc].tolist()
+    else:
+        n_acc, final_list = _sample_random(logits, md, num_drafts, starts, drafts, has_draft, draft_rows, draft_ids)
+
+    outputs = [row[:n].tolist() + [f] for row, n, f in zip(drafts, n_acc.tolist(), final_list)]
+    lp = None
+    if raw_logprobs is not None:
+        # One row per output token: rows starts[b] .. starts[b] + n_acc[b].
+        counts = n_acc + 1
+        out_rows = np.repeat(starts, counts) + group_offsets(counts)
+        tokens = torch.tensor([t for out in outputs for t in out], dtype=torch.int64)
+        lp = gather_logprobs(raw_logprobs[torch.from_numpy(out_rows)], md.max_num_logprobs or 0, tokens)
+    return RejectionSamplerOutput(n_acc, outputs, lp)
+
+
+def _sample_random(logits: torch.Tensor, md: SamplingMetadata, num_drafts: np.ndarray, starts: np.ndarray,
+                   drafts_np: np.ndarray, has_draft_np: np.ndarray, draft_rows_np: np.ndarray,
+                   draft_ids_np: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Batches with random rows: (drafts accepted per request, the token each ends with)."""
+    num_reqs, num_rows = len(num_drafts), logits.shape[0]
+    max_drafts = drafts_np.shape[1]
+    starts_t, num_drafts_t = torch.from_numpy(starts), torch.from_numpy(num_drafts)
+    drafts, has_draft = torch.from_numpy(drafts_np), torch.from_numpy(has_draft_np)
+    draft_rows, draft_ids = torch.from_numpy(draft_rows_np), torch.from_numpy(draft_ids_np)
     # Rows whose token is fixed before looking at the draft: greedy ones (argmax) and seeded ones.
-    fixed = torch.zeros(num_rows, dtype=torch.int64) if md.all_random else logits.argmax(dim=-1)
-    is_fixed = torch.ones(num_rows, dtype=torch.bool) if md.temperature is None else md.temperature < 1e-5
-    probs = None
-    if not md.all_greedy:
-        probs = target_probs(logits, md)
-        greedy = is_fixed.clone()
-        gens = {i: g for i, g in md.generators.items() if not greedy[i]}
-        if gens:
-            seeded = torch.tensor(list(gens))
-            u = torch.cat([torch.rand(1, generator=g) for g in gens.values()])
-            fixed[seeded] = inverse_cdf_sample(probs[seeded], u)
-            is_fixed[seeded] = True
+    fixed = torch.zeros(num_rows, dtype=torch.int64) if md.all_random else greedy_argmax(logits)
+    assert md.temperature is not None
+    is_fixed = md.temperature < 1e-5
+    probs = target_probs(logits, md)
+    gens = {i: g for i, g in md.generators.items() if not is_fixed[i]}
+    if gens:
+        seeded = torch.tensor(list(gens))
+        u = torch.cat([torch.rand(1, generator=g) for g in gens.values()])
+        fixed[seeded] = inverse_cdf_sample(probs[seeded], u)
+        is_fixed[seeded] = True
     # Unseeded random requests: an acceptance draw per draft and one for the token they end with.
-    u_req = torch.rand(num_reqs, max_drafts + 1) if probs is not None else None
+    u_req = torch.rand(num_reqs, max_drafts + 1)
 
     accept = torch.zeros(num_reqs, max_drafts, dtype=torch.bool)
     if max_drafts:
-        ok = fixed[draft_rows] == draft_ids
-        if u_req is not None:
-            assert probs is not None
-            ok_random = u_req[:, :max_drafts][has_draft] < probs[draft_rows, draft_ids]
-            ok = torch.where(is_fixed[draft_rows], ok, ok_random)
-        accept[has_draft] = ok
+        ok_random = u_req[:, :max_drafts][has_draft] < probs[draft_rows, draft_ids]
+        accept[has_draft] = torch.where(is_fixed[draft_rows], fixed[draft_rows] == draft_ids, ok_random)
     num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B] up to the first rejection
     final_rows = starts_t + num_accepted
     final = fixed[final_rows]
     random_final = ~is_fixed[final_rows]
-    if u_req is not None and bool(random_final.any()):
-        assert probs is not None
+    if bool(random_final.any()):
         reqs = torch.nonzero(random_final).flatten()
         p = probs[final_rows[reqs]]
         rejected = num_accepted[reqs] < num_drafts_t[reqs]
@@ -99,13 +122,4 @@ def rejection_sample(logits: torch.Tensor, md: SamplingMetadata, num_drafts: np.
                 p[empty] = probs[final_rows[reqs[empty]]]
         final[reqs] = inverse_cdf_sample(p, u_req[reqs, num_drafts_t[reqs]])
 
-    n_acc = num_accepted.numpy()
-    outputs = [row[:n].tolist() + [f] for row, n, f in zip(drafts.numpy(), n_acc, final.tolist())]
-    lp = None
-    if raw_logprobs is not None:
-        # One row per output token: rows starts[b] .. starts[b] + n_acc[b].
-        counts = n_acc + 1
-        out_rows = np.repeat(starts, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-        tokens = torch.tensor([t for out in outputs for t in out], dtype=torch.int64)
-        lp = gather_logprobs(raw_logprobs[torch.from_numpy(out_rows)], md.max_num_logprobs or 0, tokens)
-    return RejectionSamplerOutput(n_acc, outputs, lp)
+    return num_accepted.numpy(), final.tolist()

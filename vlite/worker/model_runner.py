@@ -30,6 +30,7 @@ from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.rejection_sampler import rejection_sample
 from vlite.sample.sampler import Sampler, gather_logprobs, seeded_generator
 from vlite.sampling_params import SamplingParams
+from vlite.utils import group_offsets
 from vlite.worker.device_inputs import DeviceInputs
 from vlite.worker.input_batch import InputBatch
 
@@ -257,7 +258,7 @@ class ModelRunner:
                                      count=len(sample_req_ids))
             counts = num_drafts + 1
             first = np.repeat(logits_indices - num_drafts, counts)
-            logits_indices = first + np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            logits_indices = first + group_offsets(counts)
             draft_token_ids = np.fromiter((t for r in sample_req_ids for t in spec.get(r, ())), dtype=np.int64)
 
         dev = self._to_device(dict(input_ids=input_ids, positions=positions, query_start_loc=query_start_loc,
@@ -335,7 +336,7 @@ class ModelRunner:
         else:
             counts = step.num_drafts + 1
             # Logits row i of request b scores the token after its first i drafts.
-            offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            offsets = group_offsets(counts)
             metadata = self._make_sampling_metadata(np.repeat(rows, counts), offsets)
             if grammar_output is not None:
                 with section("grammar_mask"):
@@ -391,7 +392,7 @@ class ModelRunner:
         """Append each row's new tokens (`counts[i]` of the flat `tokens` for rows[i]): the next step's inputs."""
         batch = self.input_batch
         token_rows = np.repeat(rows, counts)
-        within = np.arange(len(token_rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+        within = group_offsets(counts)
         batch.token_ids[token_rows, batch.num_tokens[token_rows] + within] = tokens
         batch.num_tokens[rows] += counts
 

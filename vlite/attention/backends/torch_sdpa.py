@@ -34,11 +34,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from vlite.attention.backends import cpu_decode_attention
 from vlite.profiler import section
+from vlite.utils import group_offsets
 
 # The C++ kernels module (vlite._custom_ops, through cpu_decode_attention), or None: set by load_kernels()
 # at engine start.
@@ -166,9 +168,9 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
     prefill_rows = torch.nonzero(~is_decode).flatten()
     if max_decode_query_len > 1 and decode_rows.numel() and bool((query_lens[decode_rows] > 1).any()):
         # One row per token: its index in the step, the seq_len it sees, its request's block table row.
-        q_lens = query_lens[decode_rows]
-        owner = torch.repeat_interleave(decode_rows, q_lens)
-        within = torch.arange(owner.numel()) - torch.repeat_interleave(torch.cumsum(q_lens, 0) - q_lens, q_lens)
+        q_lens = query_lens[decode_rows].numpy()
+        owner = torch.from_numpy(np.repeat(decode_rows.numpy(), q_lens))
+        within = torch.from_numpy(group_offsets(q_lens))
         decode_starts = query_start_loc[owner] + within
         decode_seq_lens = seq_lens[owner] - query_lens[owner] + 1 + within
         decode_table = block_table[owner]
