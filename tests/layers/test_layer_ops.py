@@ -45,3 +45,21 @@ def test_rotary_inplace(ops, dtype):
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(qkv.view(5, -1, d).float(), expected.float(), atol=tol, rtol=tol)
     assert torch.equal(qkv.view(5, -1, d)[:, heads + kv_heads:], expected[:, heads + kv_heads:])  # v untouched
+
+
+@pytest.mark.parametrize("d", [64, 48])  # the 16-lane path and the scalar one
+def test_bfloat16_outputs_round_to_nearest_even_as_torch(ops, d):
+    # rotary with sin = 0 and x = 1 writes cos itself: the kernels' float -> bf16 store, bit for bit
+    g = torch.Generator().manual_seed(3)
+    cos = torch.randn(4, d, generator=g) * torch.logspace(-30, 30, d)
+    bits = cos.view(torch.int32)
+    bits[0, :6] = torch.tensor([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, -0x407F8000, 0x00008000],
+                               dtype=torch.int32)  # ties to even (both ways), round up, to inf, negative, subnormal
+    cos[1, :3] = torch.tensor([float("inf"), float("-inf"), 0.0])
+    x = torch.ones(4, d, dtype=torch.bfloat16)
+    ops.rotary_inplace(x, 1, d, cos, torch.zeros(4, d))
+    assert torch.equal(x.view(torch.int16), cos.to(torch.bfloat16).view(torch.int16))
+    cos[2, 5] = float("nan")
+    x = torch.ones(4, d, dtype=torch.bfloat16)
+    ops.rotary_inplace(x, 1, d, cos, torch.zeros(4, d))
+    assert torch.isnan(x[2, 5]) and x.view(torch.int16)[2, 5] == 0x7FC0

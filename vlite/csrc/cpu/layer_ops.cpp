@@ -56,6 +56,14 @@ void rotary_impl(T* x, int64_t T_, int64_t stride, int64_t heads, int64_t D, con
       const float* s = ssin + t * D;
       for (int64_t h = 0; h < heads; ++h) {
         T* xh = x + t * stride + h * D;
+        if (half % 16 == 0) {  // x[i] * c[i] + x[i +- half] * s[i], 16 lanes at a time
+          for (int64_t i = 0; i < half; i += 16) {
+            const Vec16 a = Vec16::load(xh + i), b = Vec16::load(xh + half + i);
+            store16(xh + i, fmadd(a, Vec16::load(c + i), b * Vec16::load(s + i)));
+            store16(xh + half + i, fmadd(b, Vec16::load(c + half + i), a * Vec16::load(s + half + i)));
+          }
+          continue;
+        }
         for (int64_t i = 0; i < D; ++i) tmp[i] = to_float(xh[i]);
         for (int64_t i = 0; i < D; ++i) xh[i] = static_cast<T>(tmp[i] * c[i] + tmp[(i + half) % D] * s[i]);
       }

@@ -89,7 +89,8 @@ void quantize_row(const T* x, int64_t K, int8_t* q, float* d, float* dsum, int32
     float xf_buf[QK];
     const float* xf = reinterpret_cast<const float*>(xb);
     if constexpr (!std::is_same_v<T, float>) {
-      for (int i = 0; i < QK; ++i) xf_buf[i] = to_float(xb[i]);
+      Vec16::load(xb).store(xf_buf);
+      Vec16::load(xb + 16).store(xf_buf + 16);
       xf = xf_buf;
     }
     int32_t* hs = isum + 2 * b;
@@ -483,6 +484,13 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
   auto store = [&](const float* res, int64_t r0, int64_t rows, int64_t step, int64_t n0, int64_t lanes) {
     for (int64_t r = 0; r + step - 1 < rows; r += step) {
       const int64_t o = ((r0 + r) / step) * N + n0;
+      if (lanes == kTile) {  // a whole tile: 16 lanes at once
+        Vec16 v = Vec16::load(res + r * kTile);
+        if (step == 2) v = v + Vec16::load(res + (r + 1) * kTile);
+        if (residual != nullptr) v = v + Vec16::load(residual + o);
+        store16(out + o, v);
+        continue;
+      }
       for (int64_t l = 0; l < lanes; ++l) {
         float v = step == 2 ? res[r * kTile + l] + res[(r + 1) * kTile + l] : res[r * kTile + l];
         if (residual != nullptr) v += to_float(residual[o + l]);

@@ -209,12 +209,36 @@ inline Vec16 reduce16(const float* rows) {
 }
 #endif
 
-// store 16 lanes as T (float, or bf16 rounded to nearest even)
+// store 16 lanes as T (float, or bf16 rounded to nearest even, NaN as 0x7FC0: c10::BFloat16's rule,
+// in integer vector operations; one scalar conversion per value made bf16 steps of a few rows spend
+// more time storing the linears' outputs than computing them)
 inline void store16(float* p, Vec16 v) { v.store(p); }
+#if defined(VLITE_AVX512)
+inline void store16(c10::BFloat16* p, Vec16 v) {
+  const __m512i b = _mm512_castps_si512(v.v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v.v, v.v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+#elif defined(VLITE_AVX2)
+static inline __m128i bf16x8(__m256 f) {
+  const __m256i b = _mm256_castps_si256(f);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)));
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));  // values <= 0xFFFF: exact
+}
+inline void store16(c10::BFloat16* p, Vec16 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16x8(v.lo));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8), bf16x8(v.hi));
+}
+#else
 inline void store16(c10::BFloat16* p, Vec16 v) {
   float tmp[16];
   v.store(tmp);
   for (int i = 0; i < 16; ++i) p[i] = static_cast<c10::BFloat16>(tmp[i]);
 }
+#endif
 
 }  // namespace vlite
