@@ -1,5 +1,6 @@
 """NgramProposer against a plain-Python reference: longest n-gram ending the tokens that occurred
-before, its most recent earlier occurrence, the tokens that followed it."""
+before, its most recent earlier occurrence, the tokens that followed it (repeating their period where
+they reach the end), and how long the matched context is."""
 
 from __future__ import annotations
 
@@ -9,18 +10,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vlite.config import SpeculativeConfig
-from vlite.spec_decode.ngram_proposer import NgramProposer
+from vlite.spec_decode.ngram_proposer import MAX_MATCH_LEN, NgramProposer
 
 
-def reference(tokens: list[int], k: int, min_n: int, max_n: int, cap: int) -> list[int]:
+def reference(tokens: list[int], k: int, min_n: int, max_n: int, cap: int) -> tuple[list[int], int]:
     t = len(tokens)
     for n in range(min(max_n, t - 1), min_n - 1, -1):
         suffix = tokens[t - n:]
         for start in range(t - n - 1, -1, -1):  # most recent earlier occurrence first
             if tokens[start:start + n] == suffix:
-                follow = tokens[start + n:start + n + min(k, cap)]
-                return follow
-    return []
+                pos = start + n
+                follow = [tokens[pos + i % (t - pos)] for i in range(min(k, cap))]
+                match_len = 0
+                while match_len < MAX_MATCH_LEN and pos - 1 - match_len >= 0 and \
+                        tokens[pos - 1 - match_len] == tokens[t - 1 - match_len]:
+                    match_len += 1
+                return follow, match_len
+    return [], 0
 
 
 @settings(max_examples=300, deadline=None)
@@ -35,16 +41,23 @@ def test_matches_reference(rows, k, min_n, extra, cap):
     for i, r in enumerate(rows):
         token_ids[i, :len(r)] = r
     num_tokens = np.array([len(r) for r in rows])
-    drafts, num_drafts = proposer.propose(token_ids, num_tokens, np.full(len(rows), cap))
+    drafts, num_drafts, match_len = proposer.propose(token_ids, num_tokens, np.full(len(rows), cap))
     for i, r in enumerate(rows):
-        assert drafts[i, :num_drafts[i]].tolist() == reference(r, k, min_n, max_n, cap), (r, i)
+        assert (drafts[i, :num_drafts[i]].tolist(), match_len[i]) == reference(r, k, min_n, max_n, cap), (r, i)
 
 
 def test_copy_and_no_match():
     proposer = NgramProposer(SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=3))
     token_ids = np.array([[10, 11, 12, 13, 14, 15, 10, 11, 12], [1, 2, 3, 4, 5, 6, 7, 8, 9]])
-    drafts, num_drafts = proposer.propose(token_ids, np.array([9, 9]), np.array([4, 4]))
-    assert drafts[0].tolist() == [13, 14, 15, 10] and num_drafts.tolist() == [4, 0]
+    drafts, num_drafts, match_len = proposer.propose(token_ids, np.array([9, 9]), np.array([4, 4]))
+    assert drafts[0].tolist() == [13, 14, 15, 10] and num_drafts.tolist() == [4, 0] and match_len.tolist() == [3, 0]
+
+
+def test_a_repeating_tail_drafts_its_period():
+    proposer = NgramProposer(SpeculativeConfig(num_speculative_tokens=7, prompt_lookup_min=2, prompt_lookup_max=3))
+    token_ids = np.array([[9, 1, 2, 3, 1, 2, 3, 1, 2]])
+    drafts, num_drafts, match_len = proposer.propose(token_ids, np.array([9]), np.array([7]))
+    assert drafts[0].tolist() == [3, 1, 2, 3, 1, 2, 3] and match_len.tolist() == [5]
 
 
 @pytest.mark.parametrize("cfg, message", [

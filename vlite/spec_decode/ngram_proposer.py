@@ -2,11 +2,20 @@
 
 For each request, the longest n-gram (prompt_lookup_min <= n <= prompt_lookup_max) that ends its
 tokens (prompt + output) and occurred before is looked up; the tokens that followed its most recent
-earlier occurrence are the drafts (at most num_speculative_tokens, only tokens already known).
-A request without such a match gets none.
+earlier occurrence are the drafts (at most num_speculative_tokens). A request without such a match
+gets none.
 
     tokens:  the cat sat on the mat . the cat sat  |  suffix "the cat sat" (n = 3) occurred at 0..2
     drafts:  on the mat .                          |  the tokens that followed it
+
+Where those tokens run into the end of the sequence (the match is its own recent past, p tokens
+back: text repeating itself), the drafts go on repeating that period, as the text would:
+
+    tokens:  x a b c a b c a b        |  "c a b" occurred 3 back: drafts c a b c a b ...
+
+With the drafts comes `match_len`: how many tokens before the continuation equal the ones before
+the end (the n-gram and what precedes it alike, up to MAX_MATCH_LEN). A long one means the text is in the middle of
+a copy, where drafts are nearly always right; DraftPolicy learns how right for each length.
 
 Matching is one comparison per n over a [B, L] window: for every position e, whether the token
 j places before e equals the token j places before the end, accumulated over j = 1..max_n.
@@ -18,6 +27,8 @@ import numpy as np
 
 from vlite.config import SpeculativeConfig
 
+MAX_MATCH_LEN = 32
+
 
 class NgramProposer:
     def __init__(self, config: SpeculativeConfig) -> None:
@@ -26,16 +37,17 @@ class NgramProposer:
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
 
-    def propose(self, token_ids: np.ndarray, num_tokens: np.ndarray, max_drafts: np.ndarray) -> tuple[np.ndarray,
-                                                                                                      np.ndarray]:
+    def propose(self, token_ids: np.ndarray, num_tokens: np.ndarray,
+                max_drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """token_ids [B, >= max(num_tokens)], num_tokens [B], max_drafts [B] (caps per request).
 
-        Returns (drafts [B, k] int64, num_drafts [B]); row b's drafts are drafts[b, :num_drafts[b]].
+        Returns (drafts [B, k] int64, num_drafts [B], match_len [B]); row b's drafts are
+        drafts[b, :num_drafts[b]].
         """
         num_reqs = len(num_tokens)
         drafts = np.zeros((num_reqs, self.k), dtype=np.int64)
         if num_reqs == 0:
-            return drafts, np.zeros(0, dtype=np.int64)
+            return drafts, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         length = int(num_tokens.max())
         tokens = token_ids[:, :length]
         rows = np.arange(num_reqs)
@@ -53,10 +65,18 @@ class NgramProposer:
         match[np.arange(length)[None, :] >= num_tokens[:, None]] = 0
         best = match.max(axis=1)
         found = best >= self.min_n
-        # The most recent occurrence of the longest match.
+        # The most recent occurrence of the longest match; its continuation repeats with period
+        # num_tokens - pos where it reaches the end.
         pos = length - 1 - np.argmax((match == best[:, None])[:, ::-1], axis=1)
-        num_drafts = np.where(found, np.minimum(np.minimum(num_tokens - pos, self.k), max_drafts), 0)
+        period = np.maximum(num_tokens - pos, 1)
+        num_drafts = np.where(found, np.minimum(self.k, max_drafts), 0)
         num_drafts = np.maximum(num_drafts, 0)
-        idx = np.minimum(pos[:, None] + np.arange(self.k)[None, :], length - 1)
+        idx = np.minimum(pos[:, None] + np.arange(self.k)[None, :] % period[:, None], length - 1)
         drafts[:] = np.where(np.arange(self.k)[None, :] < num_drafts[:, None], tokens[rows[:, None], idx], 0)
-        return drafts, num_drafts
+        # The matched context: tokens before pos that equal those before the end (pos - j vs n - j).
+        j = np.arange(1, MAX_MATCH_LEN + 1)[None, :]
+        before = pos[:, None] - j
+        same = (before >= 0) & (tokens[rows[:, None], np.maximum(before, 0)]
+                                == tokens[rows[:, None], np.maximum(num_tokens[:, None] - j, 0)])
+        match_len = np.where(found, np.cumprod(same, axis=1).sum(axis=1), 0)
+        return drafts, num_drafts, match_len

@@ -44,6 +44,7 @@ class InputBatch:
         # Speculative decoding: decayed counts of the row's accepted and rejected drafts (DraftPolicy).
         self.spec_accepted = np.zeros(max_num_reqs, dtype=np.float64)
         self.spec_rejected = np.zeros(max_num_reqs, dtype=np.float64)
+        self.spec_match_len = np.zeros(max_num_reqs, dtype=np.int64)  # of the drafts being verified
         self.sampling_params: list[Optional[SamplingParams]] = [None] * max_num_reqs
         self.seeds: dict[int, int] = {}  # row -> seed of a seeded request
         # Rarely used processors, kept sparse: row -> data.
@@ -87,6 +88,7 @@ class InputBatch:
         self.num_logprobs[row] = -1 if lp is None else (self.vocab_size if lp == -1 else min(lp, self.vocab_size))
         self.min_tokens[row] = params.min_tokens
         self.spec_accepted[row] = self.spec_rejected[row] = 0.0
+        self.spec_match_len[row] = 0
         if params.seed is not None:
             self.seeds[row] = params.seed
         if params.allowed_token_ids:

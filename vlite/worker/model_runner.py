@@ -371,7 +371,8 @@ class ModelRunner:
         if self.proposer is not None:
             with section("propose"):
                 batch.spec_accepted[rows], batch.spec_rejected[rows] = self.draft_policy.update(
-                    batch.spec_accepted[rows], batch.spec_rejected[rows], num_drafts, num_accepted)
+                    batch.spec_accepted[rows], batch.spec_rejected[rows], num_drafts, num_accepted,
+                    batch.spec_match_len[rows])
                 result.spec_token_ids = self._propose_drafts(step.req_ids, rows)
         self._step = None
         return result
@@ -397,8 +398,9 @@ class ModelRunner:
         batch.num_tokens[rows] += counts
 
     def _propose_drafts(self, req_ids: list[str], rows: np.ndarray) -> dict[str, list[int]]:
-        """Drafts for the next step. Each request drafts what pays at its own acceptance so far
-        (DraftPolicy: verify tokens cost ~0.2 of a step each on a CPU). Drafts go only to a step where
+        """Drafts for the next step. Each request drafts what pays at the acceptance expected of its
+        drafts (DraftPolicy: from their matched context and its own record; verify tokens cost ~0.15 of
+        a step each on a CPU). Drafts go only to a step where
         every request sampled has some, so a request without a match never waits for others' drafts;
         several requests draft only when the whole step is predicted to pay (DraftPolicy.batch_pays);
         and within `max_verify_tokens` (sampled requests plus drafts): past it a CPU step is
@@ -411,22 +413,19 @@ class ModelRunner:
                            and batch.num_reqs > config.disable_by_batch_size):
             return {}
         adaptive = config.draft_policy == "adaptive"
+        cap = np.full(len(rows), min(config.num_speculative_tokens, budget))
+        drafts, num_drafts, match_len = self.proposer.propose(batch.token_ids[rows], batch.num_tokens[rows], cap)
         if adaptive:
-            wanted = self.draft_policy.num_drafts(batch.spec_accepted[rows], batch.spec_rejected[rows])
-            if not wanted.all():
-                return {}
-        else:
-            wanted = np.full(len(rows), config.num_speculative_tokens)
-        drafts, num_drafts = self.proposer.propose(batch.token_ids[rows], batch.num_tokens[rows],
-                                                   np.minimum(wanted, budget))
+            acc, rej = batch.spec_accepted[rows], batch.spec_rejected[rows]
+            num_drafts = np.minimum(num_drafts, self.draft_policy.num_drafts(acc, rej, match_len))
         if not num_drafts.any() or (adaptive and not num_drafts.all()):
             return {}
         # Keep the budget: cut the drafts that would pass it.
         before = np.cumsum(num_drafts) - num_drafts
         num_drafts = np.clip(budget - before, 0, num_drafts)
-        if adaptive and not self.draft_policy.batch_pays(batch.spec_accepted[rows], batch.spec_rejected[rows],
-                                                         num_drafts):
+        if adaptive and not self.draft_policy.batch_pays(acc, rej, match_len, num_drafts):
             return {}
+        batch.spec_match_len[rows] = match_len
         return {req_ids[i]: drafts[i, :n].tolist() for i, n in enumerate(num_drafts.tolist()) if n}
 
     @staticmethod
