@@ -51,23 +51,25 @@ class NgramProposer:
         length = int(num_tokens.max())
         tokens = token_ids[:, :length]
         rows = np.arange(num_reqs)
-        # match[b, e]: how many tokens before position e equal the last ones of row b (up to max_n);
-        # a match at e proposes tokens[b, e:]. e == num_tokens is the suffix itself: excluded.
-        match = np.zeros((num_reqs, length), dtype=np.int16)
-        alive = np.ones((num_reqs, length), dtype=bool)
-        alive[:, 0] = False
-        for j in range(1, min(self.max_n, length - 1) + 1):
-            last = tokens[rows, np.maximum(num_tokens - j, 0)]
-            alive[:, j:] &= tokens[:, :length - j] == last[:, None]
-            alive[:, :j] = False
-            alive[num_tokens - j < 0] = False
-            match += alive
-        match[np.arange(length)[None, :] >= num_tokens[:, None]] = 0
-        best = match.max(axis=1)
+        # Candidates: positions e (1 <= e < num_tokens) whose previous token equals the last one; a
+        # match at e proposes tokens[b, e:] (e == num_tokens is the suffix itself). Only they are
+        # extended to longer n-grams: a few per row, where comparing every position for every n cost
+        # ~100 us a step on a 500-token sequence.
+        cand_b, cand_e = np.nonzero((tokens[:, :length - 1] == tokens[rows, num_tokens - 1][:, None])
+                                    & (np.arange(1, length)[None, :] < num_tokens[:, None]))
+        cand_e = cand_e + 1
+        # match: 1 + how many of the n - 1 tokens before those agree too, all n at once
+        j = np.arange(2, self.max_n + 1)[None, :]
+        before, ends = cand_e[:, None] - j, num_tokens[cand_b][:, None] - j
+        same = (before >= 0) & (tokens[cand_b[:, None], np.maximum(before, 0)]
+                                == tokens[cand_b[:, None], np.maximum(ends, 0)])
+        match = 1 + np.cumprod(same, axis=1).sum(axis=1)
+        # Per row, the longest match and, among those, its most recent occurrence (largest e).
+        key = np.full(num_reqs, -1, dtype=np.int64)
+        np.maximum.at(key, cand_b, match * (length + 1) + cand_e)
+        best, pos = np.where(key >= 0, key // (length + 1), 0), np.where(key >= 0, key % (length + 1), 0)
         found = best >= self.min_n
-        # The most recent occurrence of the longest match; its continuation repeats with period
-        # num_tokens - pos where it reaches the end.
-        pos = length - 1 - np.argmax((match == best[:, None])[:, ::-1], axis=1)
+        # Its continuation repeats with period num_tokens - pos where it reaches the end.
         period = np.maximum(num_tokens - pos, 1)
         num_drafts = np.where(found, np.minimum(self.k, max_drafts), 0)
         num_drafts = np.maximum(num_drafts, 0)

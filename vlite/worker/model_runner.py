@@ -414,7 +414,10 @@ class ModelRunner:
             return {}
         adaptive = config.draft_policy == "adaptive"
         cap = np.full(len(rows), min(config.num_speculative_tokens, budget))
-        drafts, num_drafts, match_len = self.proposer.propose(batch.token_ids[rows], batch.num_tokens[rows], cap)
+        num_tokens = batch.num_tokens[rows]
+        # only the rows' tokens so far are copied (a whole row is max_model_len long)
+        drafts, num_drafts, match_len = self.proposer.propose(batch.token_ids[rows, :int(num_tokens.max())],
+                                                              num_tokens, cap)
         if adaptive:
             acc, rej = batch.spec_accepted[rows], batch.spec_rejected[rows]
             num_drafts = np.minimum(num_drafts, self.draft_policy.num_drafts(acc, rej, match_len))
