@@ -44,7 +44,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from vlite.benchmarks.datasets import (BenchRequest, load_json_dataset, random_requests, summarize,
                                        tokenizer_special_ids)
-from vlite.benchmarks.utils import add_dataset_args, jsonable_args, percentile, positive_int, write_json
+from vlite.benchmarks.utils import (add_dataset_args, jsonable_args, percentile, positive_int, spec_decoding_report,
+                                    write_json)
 
 HELP = "online serving against a running `vlite serve`: TTFT, TPOT, ITL, E2E and throughput under load"
 DESCRIPTION = ("Online serving benchmark (after `vllm bench serve`): streams requests to a running OpenAI-compatible "
@@ -585,13 +586,16 @@ async def scrape_spec_counters(client: Any, base_url: str) -> Optional[dict[str,
 
 
 def spec_decoding_summary(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Acceptance over the run: rate (accepted / draft tokens) and length (1 + accepted / drafts, vLLM's)."""
-    drafts = after["drafts"] - before["drafts"]
-    draft_tokens = after["draft_tokens"] - before["draft_tokens"]
-    accepted = after["accepted"] - before["accepted"]
-    return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
-            "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
-            "mean_acceptance_length": 1 + accepted / drafts if drafts else 0.0}
+    """Acceptance over the run from the server's counters (/metrics): rate (accepted / draft tokens) and
+    length (1 + accepted / drafts, vLLM's)."""
+    from vlite.core.sched.scheduler import SpecDecodingStats
+
+    def stats(c: dict[str, float]) -> SpecDecodingStats:
+        return SpecDecodingStats(c["drafts"], c["draft_tokens"], c["accepted"])
+
+    report = spec_decoding_report(stats(before), stats(after))
+    assert report is not None
+    return report
 
 
 # --------------------------------------------------------------------------------------------------

@@ -149,14 +149,15 @@ def print_hardware(report: dict[str, Any]) -> None:
 
 def spec_decoding_report(before: Any, after: Any) -> Optional[dict[str, float]]:
     """Speculative decoding over a measured run (SpecDecodingStats before and after it), or None."""
+    from vlite.core.sched.scheduler import SpecDecodingStats
+
     if after is None:
         return None
-    drafts = after.num_drafts - (before.num_drafts if before else 0)
-    draft_tokens = after.num_draft_tokens - (before.num_draft_tokens if before else 0)
-    accepted = after.num_accepted_tokens - (before.num_accepted_tokens if before else 0)
-    return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
-            "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
-            "mean_acceptance_length": 1 + accepted / drafts if drafts else 0.0}
+    run = SpecDecodingStats(*(getattr(after, f) - (getattr(before, f) if before else 0)
+                              for f in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")))
+    return {"num_drafts": run.num_drafts, "num_draft_tokens": run.num_draft_tokens,
+            "num_accepted_tokens": run.num_accepted_tokens, "acceptance_rate": run.acceptance_rate,
+            "mean_acceptance_length": run.mean_acceptance_length}
 
 
 def spec_decoding_rows(report: Optional[dict[str, float]]) -> list[tuple[str, Any]]:

@@ -57,6 +57,9 @@ class NgramProposer:
         # ~100 us a step on a 500-token sequence.
         cand_b, cand_e = np.nonzero((tokens[:, :length - 1] == tokens[rows, num_tokens - 1][:, None])
                                     & (np.arange(1, length)[None, :] < num_tokens[:, None]))
+        nothing = drafts, np.zeros(num_reqs, dtype=np.int64), np.zeros(num_reqs, dtype=np.int64)
+        if not len(cand_b):  # common in text that does not repeat: done in a few microseconds
+            return nothing
         cand_e = cand_e + 1
         # match: 1 + how many of the n - 1 tokens before those agree too, all n at once
         j = np.arange(2, self.max_n + 1)[None, :]
@@ -69,6 +72,8 @@ class NgramProposer:
         np.maximum.at(key, cand_b, match * (length + 1) + cand_e)
         best, pos = np.where(key >= 0, key // (length + 1), 0), np.where(key >= 0, key % (length + 1), 0)
         found = best >= self.min_n
+        if not found.any():
+            return nothing
         # Its continuation repeats with period num_tokens - pos where it reaches the end.
         period = np.maximum(num_tokens - pos, 1)
         num_drafts = np.where(found, np.minimum(self.k, max_drafts), 0)
