@@ -131,7 +131,7 @@ class ModelRunner:
         model of DraftPolicy for this model, dtype and CPU. Best of 5 each (~0.5 s for q up to 9 here)."""
         import time
 
-        context = 4 * self.block_size
+        context = 16 * self.block_size  # ~256 tokens: a chat prompt's length, where attention costs what it will
         if -(-(context + max_tokens) // self.block_size) > num_blocks:
             return None
         block_table = torch.arange(-(-(context + max_tokens) // self.block_size)).view(1, -1)
