@@ -261,8 +261,11 @@ class ModelRunner:
             logits_indices = first + group_offsets(counts)
             draft_token_ids = np.fromiter((t for r in sample_req_ids for t in spec.get(r, ())), dtype=np.int64)
 
+        # the blocks the step's sequences span, not max_model_len's worth per row (copied every step)
+        table_width = max(1, -(-int(seq_lens.max()) // self.block_size))
         dev = self._to_device(dict(input_ids=input_ids, positions=positions, query_start_loc=query_start_loc,
-                                   seq_lens=seq_lens, block_table=batch.block_table[rows], slot_mapping=slot_mapping,
+                                   seq_lens=seq_lens, block_table=batch.block_table[rows, :table_width],
+                                   slot_mapping=slot_mapping,
                                    logits_indices=logits_indices))
         attn_metadata = self.attn_backend.build_metadata(
             dev["query_start_loc"], dev["seq_lens"], dev["block_table"], dev["slot_mapping"], self.block_size,
