@@ -59,8 +59,8 @@ void rotary_impl(T* x, int64_t T_, int64_t stride, int64_t heads, int64_t D, con
         if (half % 16 == 0) {  // x[i] * c[i] + x[i +- half] * s[i], 16 lanes at a time
           for (int64_t i = 0; i < half; i += 16) {
             const Vec16 a = Vec16::load(xh + i), b = Vec16::load(xh + half + i);
-            store16(xh + i, fmadd(a, Vec16::load(c + i), b * Vec16::load(s + i)));
-            store16(xh + half + i, fmadd(b, Vec16::load(c + half + i), a * Vec16::load(s + half + i)));
+            store16(xh + i, a * Vec16::load(c + i) + b * Vec16::load(s + i));
+            store16(xh + half + i, b * Vec16::load(c + half + i) + a * Vec16::load(s + half + i));
           }
           continue;
         }
