@@ -1,7 +1,9 @@
 """The C++ paged decode-attention kernel directly, every ISA build this CPU runs, against float64
 attention on the unpaged K/V: head sizes with compiled fast paths (64, 128, 256) and the generic
-one, grouped-query ratios, one to many requests (the split-over-keys path runs when there are few
-(request, kv head) pairs), contexts shorter and longer than 16 keys, and sliding windows."""
+one, grouped-query ratios, one to many requests (contexts of 256+ keys run split over keys, merged),
+contexts shorter and longer than 16 keys, and sliding windows. A row's output is the same bits
+alone, in any batch and on any number of threads (speculative verify rows must equal the decodes
+they stand for)."""
 
 from __future__ import annotations
 
@@ -57,14 +59,36 @@ def test_decode_kernel_matches_reference(isa, d, h, h_kv, lens, window, dtype):
     ref = reference(q, k, v, lens, scale, window)
     tol = 2e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
-    for threads in (1, 3):  # the key split and its merge depend on the thread count: same result
+    for threads in (1, 3):  # the same bits on any number of threads
         prev = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
             again = ops.paged_decode_attention(*args, window)
         finally:
             torch.set_num_threads(prev)
-        torch.testing.assert_close(again.double(), ref, atol=tol, rtol=tol)
+        assert torch.equal(again, out)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_rows_same_bits_alone_or_batched(isa, dtype):
+    """The rows of a verify step (one request's consecutive positions) beside other requests, against
+    each row computed alone: contexts below, at and past the key-split length."""
+    ops = _custom_ops.load(isa)
+    g = torch.Generator().manual_seed(7)
+    h, h_kv, d = 9, 3, 64
+    key_cache = torch.randn(h_kv, NUM_BLOCKS, BS, d, generator=g).to(dtype)
+    value_cache = torch.randn(h_kv, NUM_BLOCKS, BS, d, generator=g).to(dtype)
+    tables = torch.randperm(NUM_BLOCKS, generator=g)[:3 * 32].view(3, 32)
+    lens = [250, 251, 252, 253, 254, 255, 256, 257, 258, 5, 500]  # 9 verify rows, then two decodes
+    owner = [0] * 9 + [1, 2]
+    q = torch.randn(len(lens), h, d, generator=g).to(dtype)
+    table = tables[owner].contiguous()
+    batched = ops.paged_decode_attention(q, key_cache, value_cache, table, torch.tensor(lens), 0.125)
+    for i, length in enumerate(lens):
+        alone = ops.paged_decode_attention(q[i:i + 1], key_cache, value_cache, table[i:i + 1],
+                                           torch.tensor([length]), 0.125)
+        assert torch.equal(alone[0], batched[i]), i
 
 
 def test_decode_kernel_rejects_bad_seq_lens():

@@ -83,6 +83,30 @@ def test_structured_output_identical(llm_spec, llm_fp32):
     assert _tokens(out) == _tokens(ref)
 
 
+@pytest.mark.parametrize("engine", [{}, {"dtype": "float32", "quantization": "int8"}], ids=["default", "float32-int8"])
+def test_greedy_identical_on_the_quantized_kernels(engine):
+    """The engine as users run it, the C++ kernels on quantized weights, where int8 rounding of the
+    activations magnifies any difference in a row's arithmetic: logprobs equal to the bit with and
+    without speculation. Prompts of 4-9 tokens (chunks as short as a verify step stay prefills), a
+    prefix-cache hit leaving a few prompt tokens, verify steps of 9 rows (past the float32 residual
+    row's limit of 8: the rows go by the step's rows less its drafts)."""
+    texts = ["Hello there, my", "Say 1 2 3", "one two three four five one two three four five one two three",
+             "Repeat exactly: The quick brown fox jumps over the lazy dog near the river bank.\nRepeat:"]
+    kwargs = dict(engine, max_num_batched_tokens=128, kv_cache_memory_bytes=64 * 2**20)
+    spec = dict(SPEC, num_speculative_tokens=8)
+    base, llm = LLM(**kwargs), LLM(speculative_config=spec, **kwargs)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=1)
+    before = llm.llm_engine.engine_core.make_stats().spec_decoding.num_accepted_tokens
+    for batch in ([texts[3]], texts):  # the second time texts[3] hits the prefix cache
+        ref, out = base.generate(batch, params, use_tqdm=False), llm.generate(batch, params, use_tqdm=False)
+        assert _tokens(out) == _tokens(ref)
+        for a, b in zip(out, ref):
+            assert [{t: x.logprob for t, x in p.items()} for p in a.outputs[0].logprobs] == \
+                [{t: x.logprob for t, x in p.items()} for p in b.outputs[0].logprobs]
+    assert llm.llm_engine.engine_core.make_stats().spec_decoding.num_accepted_tokens - before > 20
+    _assert_no_leak(llm)
+
+
 def test_preemption_identical(prompts):
     """A KV cache of 24 blocks (384 tokens) for 4 requests of 12-260 + 48 tokens: requests are preempted and
     recomputed, their drafts dropped and proposed again."""

@@ -300,3 +300,19 @@ def test_float32_residual_row_only_in_small_steps(ops):
         x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m))
         ref = quantized_activations_reference(x, precise=precise) @ w.t()
         assert (ops.quant_linear(x, *args) - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+def test_precise_rows_decide_for_the_whole_step(ops):
+    """set_precise_rows(n) (the runner's precise_rows: a verify step's rows less its drafts): a 12-row
+    call computes every row as a 1-row call does, bit for bit; back at -1 the call's own rows decide."""
+    p = random_packed("q4", 48, 96)
+    t = p.tiled()
+    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    x = torch.randn(12, 96, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([ops.quant_linear(x[i:i + 1], *args) for i in range(12)])
+    ops.set_precise_rows(1)
+    try:
+        assert torch.equal(ops.quant_linear(x, *args), alone)
+    finally:
+        ops.set_precise_rows(-1)
+    assert not torch.equal(ops.quant_linear(x, *args), alone)  # 12 rows: a single int8 row each

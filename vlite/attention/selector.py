@@ -12,7 +12,7 @@ causal chunks they are); the layers call paged_attention here with whichever met
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
@@ -30,7 +30,7 @@ class TorchSDPABackend:
     def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                        slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
                        max_query_len: Optional[int] = None,
-                       max_decode_query_len: int = 1) -> torch_sdpa.TorchSDPAMetadata:
+                       max_decode_query_len: Union[int, torch.Tensor] = 1) -> torch_sdpa.TorchSDPAMetadata:
         return torch_sdpa.build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, block_size, windows,
                                          max_decode_query_len)
 

@@ -21,8 +21,9 @@ the layer keeps only the dense weight, so a model always loads.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -115,6 +116,24 @@ class QuantizedLinear(nn.Module):
 LinearWeight = Union[torch.Tensor, QuantizedLinear]
 
 _SCRATCH: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+
+
+@contextmanager
+def precise_rows(num_rows: int) -> Iterator[None]:
+    """Within it, the kernels give float32 activations their residual row (`precise`) as in a step of
+    `num_rows` rows, whatever rows a call has. A speculative verify step passes its rows less its
+    drafts, so every request's rows are computed as they are without speculation: the rule turns at
+    `precise_max_rows()` rows, where a 9-row verify step of one request would otherwise drop the
+    residual row its 1-row decode steps keep, and a greedy output could take another token."""
+    ops = _custom_ops.load()
+    if ops is None:
+        yield
+        return
+    ops.set_precise_rows(num_rows)
+    try:
+        yield
+    finally:
+        ops.set_precise_rows(-1)
 
 
 def _scratch(n: int, k: int, dtype: torch.dtype) -> torch.Tensor:

@@ -62,11 +62,7 @@ class NgramProposer:
             return nothing
         cand_e = cand_e + 1
         # match: 1 + how many of the n - 1 tokens before those agree too, all n at once
-        j = np.arange(2, self.max_n + 1)[None, :]
-        before, ends = cand_e[:, None] - j, num_tokens[cand_b][:, None] - j
-        same = (before >= 0) & (tokens[cand_b[:, None], np.maximum(before, 0)]
-                                == tokens[cand_b[:, None], np.maximum(ends, 0)])
-        match = 1 + np.cumprod(same, axis=1).sum(axis=1)
+        match = 1 + _agreeing_run(tokens, cand_b, cand_e - 1, num_tokens[cand_b] - 1, self.max_n - 1)
         # Per row, the longest match and, among those, its most recent occurrence (largest e).
         key = np.full(num_reqs, -1, dtype=np.int64)
         np.maximum.at(key, cand_b, match * (length + 1) + cand_e)
@@ -81,9 +77,15 @@ class NgramProposer:
         idx = np.minimum(pos[:, None] + np.arange(self.k)[None, :] % period[:, None], length - 1)
         drafts[:] = np.where(np.arange(self.k)[None, :] < num_drafts[:, None], tokens[rows[:, None], idx], 0)
         # The matched context: tokens before pos that equal those before the end (pos - j vs n - j).
-        j = np.arange(1, MAX_MATCH_LEN + 1)[None, :]
-        before = pos[:, None] - j
-        same = (before >= 0) & (tokens[rows[:, None], np.maximum(before, 0)]
-                                == tokens[rows[:, None], np.maximum(num_tokens[:, None] - j, 0)])
-        match_len = np.where(found, np.cumprod(same, axis=1).sum(axis=1), 0)
+        match_len = np.where(found, _agreeing_run(tokens, rows, pos, num_tokens, MAX_MATCH_LEN), 0)
         return drafts, num_drafts, match_len
+
+
+def _agreeing_run(tokens: np.ndarray, rows: np.ndarray, a: np.ndarray, b: np.ndarray, limit: int) -> np.ndarray:
+    """For each i, how many tokens just before a[i] equal those just before b[i] in row rows[i]
+    (tokens[r, a - j] == tokens[r, b - j] for j = 1, 2, ...; a[i] <= b[i]), at most `limit`."""
+    j = np.arange(1, limit + 1)[None, :]
+    before = a[:, None] - j
+    same = (before >= 0) & (tokens[rows[:, None], np.maximum(before, 0)]
+                            == tokens[rows[:, None], np.maximum(b[:, None] - j, 0)])
+    return np.cumprod(same, axis=1).sum(axis=1)

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
+from vlite import _custom_ops
 from vlite.attention.selector import get_attn_backend
 from vlite.config import SpeculativeConfig
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from vlite.distributed.parallel_state import get_tp_group
-from vlite.layers.quantization import QuantizationPlan
+from vlite.layers.quantization import QuantizationPlan, precise_rows
 from vlite.model_loader import ModelArchConfig
 from vlite.models.registry import build_model
 from vlite.profiler import section
@@ -63,6 +64,11 @@ class _StepState:
     prompt_logprobs: dict  # req_id -> lists, computed in execute_model
     num_drafts: Optional[np.ndarray] = None  # [len(req_ids)] draft tokens verified per request; None: none
     draft_token_ids: Optional[np.ndarray] = None  # all of them, flat, requests in order
+
+
+# DraftPolicy's measured step costs, per model shape, dtype and CPU setting (ModelRunner._measure_verify_cost)
+_verify_costs: dict[tuple, np.ndarray] = {}
+MEASURED_VERIFY_TOKENS = 16
 
 
 class ModelRunner:
@@ -128,16 +134,23 @@ class ModelRunner:
     def _measure_verify_cost(self, max_tokens: int, num_blocks: int) -> Optional[np.ndarray]:
         """Time a step verifying q = 1..max_tokens tokens of one request (its forward and logits, as
         the decode rows a verify step runs) on scratch blocks of the still empty KV cache: the cost
-        model of DraftPolicy for this model, dtype and CPU. Best of 5 each (~0.5 s for q up to 9 here)."""
+        model of DraftPolicy for this model, dtype and CPU. Best of 5 each (~0.7 s for q up to 16 here);
+        past MEASURED_VERIFY_TOKENS, where steps are bound by their arithmetic, the line through the
+        last measured half. Kept per model shape, dtype and CPU setting for the process's later engines."""
         import time
 
+        key = (repr(self.arch), self.dtype, repr(self.quantization), self.block_size, self.max_decode_query_len,
+               torch.get_num_threads(), _custom_ops.requested_isa(), str(self.device))
+        if key in _verify_costs and len(_verify_costs[key]) >= max_tokens:
+            return _verify_costs[key][:max_tokens]
+        measured = min(max_tokens, MEASURED_VERIFY_TOKENS)
         context = 16 * self.block_size  # ~256 tokens: a chat prompt's length, where attention costs what it will
-        if -(-(context + max_tokens) // self.block_size) > num_blocks:
+        if -(-(context + measured) // self.block_size) > num_blocks:
             return None
-        block_table = torch.arange(-(-(context + max_tokens) // self.block_size)).view(1, -1)
-        best = np.full(max_tokens, np.inf)
+        block_table = torch.arange(-(-(context + measured) // self.block_size)).view(1, -1)
+        best = np.full(measured, np.inf)
         for _ in range(5):
-            for q in range(1, max_tokens + 1):
+            for q in range(1, measured + 1):
                 positions = torch.arange(context, context + q)
                 slots = block_table[0, positions // self.block_size] * self.block_size + positions % self.block_size
                 metadata = self.attn_backend.build_metadata(
@@ -145,7 +158,8 @@ class ModelRunner:
                     self.attention_windows, max_query_len=q, max_decode_query_len=self.max_decode_query_len)
                 input_ids = torch.randint(0, self.vocab_size, (q,))
                 start = time.perf_counter()
-                hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+                with precise_rows(1):  # as a verify step of one request runs
+                    hidden = self.model(input_ids, positions, self.kv_caches, metadata)
                 self.model.compute_logits(hidden)
                 best[q - 1] = min(best[q - 1], time.perf_counter() - start)
         for cache in self.kv_caches:  # back to the pool's initial state
@@ -154,8 +168,13 @@ class ModelRunner:
             logger.warning("speculative decoding: verify step timings disturbed (%s ms); using the default "
                            "cost model", " ".join(f"{1e3 * c:.1f}" for c in best))
             return None
-        logger.info("speculative decoding: verify step cost (x a 1-token step) for 1..%d tokens: %s", max_tokens,
+        logger.info("speculative decoding: verify step cost (x a 1-token step) for 1..%d tokens: %s", measured,
                     " ".join(f"{c:.2f}" for c in best / best[0]))
+        if max_tokens > measured:
+            half = measured // 2
+            slope = max(0.0, (best[-1] - best[half - 1]) / (measured - half))
+            best = np.concatenate([best, best[-1] + slope * np.arange(1, max_tokens - measured + 1)])
+        _verify_costs[key] = best
         return best
 
     def reset(self) -> None:
@@ -180,7 +199,11 @@ class ModelRunner:
             if self._fault_token_id is not None and bool((inputs["input_ids"] == self._fault_token_id).any()):
                 raise RuntimeError(f"injected fault: token id {self._fault_token_id} scheduled")
         with section("forward"):  # the paged_attention calls inside are timed as "attention"
-            hidden = self._forward(inputs)
+            if inputs["num_drafts"] is None:
+                hidden = self._forward(inputs)
+            else:  # the kernels' precision as for the step's rows without drafts (precise_rows)
+                with precise_rows(len(inputs["input_ids"]) - int(inputs["num_drafts"].sum())):
+                    hidden = self._forward(inputs)
             logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
             prompt_logprobs = self._compute_prompt_logprobs(so=scheduler_output, hidden=hidden, inputs=inputs)
         self._step = _StepState(inputs["sample_req_ids"], inputs["sample_rows"], logits, prompt_logprobs,
@@ -260,6 +283,11 @@ class ModelRunner:
             first = np.repeat(logits_indices - num_drafts, counts)
             logits_indices = first + group_offsets(counts)
             draft_token_ids = np.fromiter((t for r in sample_req_ids for t in spec.get(r, ())), dtype=np.int64)
+            # decode rows: the verify chunks only (1 + drafts tokens), not a prompt chunk as short
+            max_decode_query_len = torch.from_numpy(1 + np.fromiter((len(spec.get(r, ())) for r in req_ids),
+                                                                    dtype=np.int64, count=len(req_ids)))
+        else:
+            max_decode_query_len = 1
 
         # the blocks the step's sequences span, not max_model_len's worth per row (copied every step)
         table_width = max(1, -(-int(seq_lens.max()) // self.block_size))
@@ -270,7 +298,7 @@ class ModelRunner:
         attn_metadata = self.attn_backend.build_metadata(
             dev["query_start_loc"], dev["seq_lens"], dev["block_table"], dev["slot_mapping"], self.block_size,
             self.attention_windows, max_query_len=int(num_scheduled.max()),
-            max_decode_query_len=self.max_decode_query_len)
+            max_decode_query_len=max_decode_query_len)
         return {
             "num_drafts": num_drafts,
             "draft_token_ids": draft_token_ids,

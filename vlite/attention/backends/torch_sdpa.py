@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -153,20 +153,21 @@ def _build_prefill_chunks(rows: torch.Tensor, query_start_loc: torch.Tensor, que
 
 def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                    slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
-                   max_decode_query_len: int = 1) -> TorchSDPAMetadata:
+                   max_decode_query_len: Union[int, torch.Tensor] = 1) -> TorchSDPAMetadata:
     """All inputs are CPU int tensors for the scheduled requests of this step, in batch order.
 
     `windows`: the distinct attention windows of the model's layers (0: full causal attention); one
     view of the step is built per window, the first one returned with the others in `others`.
-    `max_decode_query_len` > 1 (speculative decoding): a request's chunk of up to that many tokens
-    runs as that many decode rows, query i seeing the keys up to its own position (causal), since
-    every K/V of the step is written before any query reads.
+    `max_decode_query_len` > 1 (speculative decoding; an int, or one per request): a request's chunk of up
+    to that many tokens runs as that many decode rows, query i seeing the keys up to its own position
+    (causal), since every K/V of the step is written before any query reads. The runner gives each
+    request 1 + its drafts, so a short prompt chunk stays a prefill, computed as without speculation.
     """
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     is_decode = query_lens <= max_decode_query_len
     decode_rows = torch.nonzero(is_decode).flatten()
     prefill_rows = torch.nonzero(~is_decode).flatten()
-    if max_decode_query_len > 1 and decode_rows.numel() and bool((query_lens[decode_rows] > 1).any()):
+    if decode_rows.numel() and bool((query_lens[decode_rows] > 1).any()):
         # One row per token: its index in the step, the seq_len it sees, its request's block table row.
         q_lens = query_lens[decode_rows].numpy()
         owner = torch.from_numpy(np.repeat(decode_rows.numpy(), q_lens))

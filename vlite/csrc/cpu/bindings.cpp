@@ -24,6 +24,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tile_rows", []() { return vlite::kTile; }, "output rows per tile of the packed weight layout");
   m.def("precise_max_rows", []() { return vlite::kPreciseMaxRows; },
         "float32 activations get an int8 residual row in steps of at most this many rows");
+  m.def("set_precise_rows", [](int64_t n) { vlite::g_precise_rows = n; },
+        "the row count that decides the residual row (-1: each call's own); see precise_rows in Python");
   m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qt"), pybind11::arg("scales"),
         pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("n"),
         pybind11::arg("residual") = pybind11::none(), pybind11::arg("precise") = pybind11::none());

@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -121,36 +122,28 @@ void attend_chunk(const float* qf, const T* kh, const T* vh, const int64_t* bloc
         a.store(part[g] + 16 * k);
       }
     }
-    for (int g = 0; g < GB; ++g) {
-      if (cnt == 16) {
-        reduce16(part[g]).store(s + g * ls + jb);
-      } else {
-        for (int64_t k = 0; k < cnt; ++k) {
-          float t = 0.f;
-          for (int i = 0; i < 16; ++i) t += part[g][16 * k + i];
-          s[g * ls + jb + k] = t;
-        }
-      }
-    }
+    // all 16 sums (rows past cnt are scratch, overwritten below): s has 16 floats of room past len
+    for (int g = 0; g < GB; ++g) reduce16(part[g]).store(s + g * ls + jb);
   }
-  for (int g = 0; g < GB; ++g) {  // softmax numerators in place
+  // Softmax numerators in place, 16 at a time: scores past len padded with -inf, whose exp (clamped
+  // at e^-87, ~1e-38) adds nothing a float32 sum of at least 1 can hold. (Scalar exps of the tail
+  // cost ~1 us per (request, kv head), as much as 100 keys.)
+  const int64_t padded = (len + 15) / 16 * 16;
+  for (int g = 0; g < GB; ++g) {
     float* sg = s + g * ls;
+    for (int64_t j = len; j < padded; ++j) sg[j] = -INFINITY;
     Vec16 mv = Vec16::set1(-INFINITY);
-    int64_t j = 0;
-    for (; j + 16 <= len; j += 16) mv = vmax(mv, Vec16::load(sg + j));
-    float mx = mv.max();
-    for (; j < len; ++j) mx = std::max(mx, sg[j]);
+    for (int64_t j = 0; j < padded; j += 16) mv = vmax(mv, Vec16::load(sg + j));
+    const float mx = mv.max();
     const Vec16 mm = Vec16::set1(mx);
     Vec16 sum = Vec16::zero();
-    for (j = 0; j + 16 <= len; j += 16) {
+    for (int64_t j = 0; j < padded; j += 16) {
       const Vec16 e = vexp(Vec16::load(sg + j) - mm);
       e.store(sg + j);
       sum = sum + e;
     }
-    float total = sum.sum();
-    for (; j < len; ++j) { sg[j] = std::exp(sg[j] - mx); total += sg[j]; }
     m[g] = mx;
-    l[g] = total;
+    l[g] = sum.sum();
   }
   Vec16 av[GB][NV];
   for (int g = 0; g < GB; ++g)
@@ -189,35 +182,45 @@ void attend_heads(const float* qf, int64_t G, const T* kh, const T* vh, const in
 }
 
 // Head sizes 64, 128, 256 (NV = D / 16): registers sized at compile time, 16 horizontal sums at a
-// time, and a request's keys split into chunks (merged flash-decoding style) when there are fewer
-// (request, kv head) pairs than threads can share evenly, e.g. one request with 3 kv heads on 2
-// threads.
+// time, and a sequence's keys in chunks of at least kSplitKeys (up to kMaxSplit of them), merged
+// flash-decoding style, so that one request with 3 kv heads still gives 2 threads even work. The
+// chunks depend on the row's own length only, never on the batch or the thread count: a row's
+// output is then the same bits in any step, and a speculative verify step's rows are computed as the
+// decodes they stand for (the split was by batch size: a 1-row decode split where a 9-row verify step
+// did not, and int8 activations magnified the last-bit difference to 0.04-0.09 nats).
+constexpr int64_t kSplitKeys = 128, kMaxSplit = 8;
+
 template <int NV, typename T>
 void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* sl, T* out,
                            int64_t N, int64_t H, int64_t HKV, int64_t NB, int64_t BS, int64_t MB, float scale,
                            int64_t window) {
   constexpr int64_t D = NV * 16;
-  const int64_t G = H / HKV, pairs = N * HKV;
-  const int64_t threads = at::get_num_threads();
-  int64_t max_len = 0;
-  for (int64_t n = 0; n < N; ++n) max_len = std::max(max_len, window > 0 ? std::min(sl[n], window) : sl[n]);
-  int64_t S = 1;
-  if (pairs < 4 * threads) S = std::max<int64_t>(1, std::min(threads / std::gcd(pairs, threads), max_len / 64));
-  const int64_t tasks = pairs * S;
-  std::vector<float> pm(S > 1 ? tasks * G : 0), pl(S > 1 ? tasks * G : 0), pacc(S > 1 ? tasks * G * D : 0);
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  const int64_t G = H / HKV;
+  // per row: its key chunks, and where its (kv head, chunk) units start (kv head-major within the row)
+  std::vector<int64_t> splits(N), first_unit(N + 1, 0);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t len = window > 0 ? std::min(sl[n], window) : sl[n];
+    splits[n] = std::max<int64_t>(1, std::min(kMaxSplit, len / kSplitKeys));
+    first_unit[n + 1] = first_unit[n] + HKV * splits[n];
+  }
+  const int64_t units = first_unit[N];
+  const bool any_split = units > N * HKV;
+  std::vector<float> pm(any_split ? units * G : 0), pl(any_split ? units * G : 0), pacc(any_split ? units * G * D : 0);
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(G * D), s, m(G), l(G), acc(G * D);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t pair = task / S, part = task % S, n = pair / HKV, h = pair % HKV, len = sl[n];
+    int64_t n = std::upper_bound(first_unit.begin(), first_unit.end(), begin) - first_unit.begin() - 1;
+    for (int64_t unit = begin; unit < end; ++unit) {
+      while (unit >= first_unit[n + 1]) ++n;
+      const int64_t S = splits[n], h = (unit - first_unit[n]) / S, part = (unit - first_unit[n]) % S, len = sl[n];
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, cnt = len - first;
       const int64_t j0 = first + cnt * part / S, j1 = first + cnt * (part + 1) / S;
       s.resize(std::min<int64_t>(G, 4) * (j1 - j0 + 16));
       const T* qp = q + (n * H + h * G) * D;
       for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float(qp[i]) * scale;
       const bool direct = S == 1;
-      float* mo = direct ? m.data() : pm.data() + task * G;
-      float* lo = direct ? l.data() : pl.data() + task * G;
-      float* ao = direct ? acc.data() : pacc.data() + task * G * D;
+      float* mo = direct ? m.data() : pm.data() + unit * G;
+      float* lo = direct ? l.data() : pl.data() + unit * G;
+      float* ao = direct ? acc.data() : pacc.data() + unit * G * D;
       attend_heads<NV>(qf.data(), G, kc + h * NB * BS * D, vc + h * NB * BS * D, bt + n * MB, BS, j0, j1, s.data(),
                        mo, lo, ao);
       if (direct) {
@@ -229,19 +232,21 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
       }
     }
   });
-  if (S == 1) return;
-  at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {  // merge the chunks of each pair
+  if (!any_split) return;
+  at::parallel_for(0, N * HKV, 1, [&](int64_t begin, int64_t end) {  // merge the chunks of each split pair
     for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t n = pair / HKV, h = pair % HKV;
+      const int64_t n = pair / HKV, h = pair % HKV, S = splits[n];
+      if (S == 1) continue;
+      const int64_t t0 = first_unit[n] + h * S;
       T* op = out + (n * H + h * G) * D;
       for (int64_t g = 0; g < G; ++g) {
         float mx = -INFINITY;
-        for (int64_t p = 0; p < S; ++p) mx = std::max(mx, pm[(pair * S + p) * G + g]);
+        for (int64_t p = 0; p < S; ++p) mx = std::max(mx, pm[(t0 + p) * G + g]);
         float total = 0.f;
         Vec16 o[NV];
         for (int c = 0; c < NV; ++c) o[c] = Vec16::zero();
         for (int64_t p = 0; p < S; ++p) {
-          const int64_t t = pair * S + p;
+          const int64_t t = t0 + p;
           const float w = pl[t * G + g] > 0.f ? std::exp(pm[t * G + g] - mx) : 0.f;
           total += w * pl[t * G + g];
           const Vec16 wv = Vec16::set1(w);

@@ -42,6 +42,10 @@ constexpr int64_t kActivationBlockBytes = 64 * 1024;  // int8 activation rows pe
 // int8 row measured 98.4% top-1 agreement with float32 against 100% (AVX2 path), for 0.6x the time
 // to first token and 1.17x the wl32 throughput (docs/benchmarks.md).
 constexpr int64_t kPreciseMaxRows = 8;
+// When >= 0, the row count the rule above goes by instead of a call's own (set_precise_rows): a
+// speculative verify step's rows less its drafts, so that a request's rows get the residual exactly
+// when they would without speculation (one engine step at a time per process).
+int64_t g_precise_rows = -1;
 
 // ---- activations: x [M, K] -> int8 blocks of 32 with scale d = max|x| / 127 ----
 // With a residual row (float32 activations: `precise`), x ~= d * (q + q_res / 256): the rounding
@@ -602,7 +606,8 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qt, torch::Tensor st, 
                 residual->size(0) == M && residual->size(1) == N, "quant_linear: residual must be a contiguous [M, N] "
                 "tensor of x's dtype");
   if (M == 0) return out;
-  const bool precise = precise_opt.value_or(x.scalar_type() == at::kFloat && M <= kPreciseMaxRows);
+  const bool precise = precise_opt.value_or(x.scalar_type() == at::kFloat &&
+                                            (g_precise_rows >= 0 ? g_precise_rows : M) <= kPreciseMaxRows);
   // The int8 activations live in a per-thread scratch: four small tensor allocations per call cost
   // more than quantizing a decode token (121 calls per decode step of the default model).
   thread_local std::vector<int8_t> q_buf;
