@@ -272,20 +272,19 @@ class ModelRunner:
 
         sample_mask = np.fromiter((r in so.sample_req_ids for r in req_ids), dtype=bool, count=len(req_ids))
         logits_indices = (query_start_loc[1:] - 1)[sample_mask]
+        sample_req_ids = [r for r, m in zip(req_ids, sample_mask) if m]
         num_drafts = draft_token_ids = None
         spec = so.scheduled_spec_decode_tokens
         if spec:
+            drafts_per_req = np.fromiter((len(spec.get(r, ())) for r in req_ids), dtype=np.int64, count=len(req_ids))
             # Logits at the last 1 + m positions of a request verifying m drafts.
-            sample_req_ids = [r for r, m in zip(req_ids, sample_mask) if m]
-            num_drafts = np.fromiter((len(spec.get(r, ())) for r in sample_req_ids), dtype=np.int64,
-                                     count=len(sample_req_ids))
+            num_drafts = drafts_per_req[sample_mask]
             counts = num_drafts + 1
             first = np.repeat(logits_indices - num_drafts, counts)
             logits_indices = first + group_offsets(counts)
             draft_token_ids = np.fromiter((t for r in sample_req_ids for t in spec.get(r, ())), dtype=np.int64)
             # decode rows: the verify chunks only (1 + drafts tokens), not a prompt chunk as short
-            max_decode_query_len = torch.from_numpy(1 + np.fromiter((len(spec.get(r, ())) for r in req_ids),
-                                                                    dtype=np.int64, count=len(req_ids)))
+            max_decode_query_len = torch.from_numpy(1 + drafts_per_req)
         else:
             max_decode_query_len = 1
 
@@ -306,7 +305,7 @@ class ModelRunner:
             "positions": dev["positions"],
             "attn_metadata": attn_metadata,
             "logits_indices": dev["logits_indices"],
-            "sample_req_ids": [r for r, m in zip(req_ids, sample_mask) if m],
+            "sample_req_ids": sample_req_ids,
             "sample_rows": rows[sample_mask],
             "req_ids": req_ids,
             "rows": rows,
