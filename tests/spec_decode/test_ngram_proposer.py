@@ -43,7 +43,12 @@ def test_matches_reference(rows, k, min_n, extra, cap):
     num_tokens = np.array([len(r) for r in rows])
     drafts, num_drafts, match_len = proposer.propose(token_ids, num_tokens, np.full(len(rows), cap))
     for i, r in enumerate(rows):
-        assert (drafts[i, :num_drafts[i]].tolist(), match_len[i]) == reference(r, k, min_n, max_n, cap), (r, i)
+        want = reference(r, k, min_n, max_n, cap)
+        assert (drafts[i, :num_drafts[i]].tolist(), match_len[i]) == want, (r, i)
+        # alone (the single-stream path) as in a batch
+        one = proposer.propose(token_ids[i:i + 1], num_tokens[i:i + 1], np.array([cap]))
+        assert (one[0][0, :one[1][0]].tolist(), one[2][0]) == want, (r, "alone")
+        assert one[0][0, one[1][0]:].tolist() == [0] * (k - one[1][0])
 
 
 def test_copy_and_no_match():

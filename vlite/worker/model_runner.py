@@ -117,7 +117,7 @@ class ModelRunner:
             self.draft_policy = DraftPolicy(k, self._measure_verify_cost(max_tokens, num_blocks),
                                             max_tokens=max_tokens)
         self._step: _StepState | None = None
-        self._md_cache: tuple[tuple[int, bytes], SamplingMetadata] | None = None
+        self._md_cache: tuple[tuple, SamplingMetadata, Optional[tuple]] | None = None
         # Fault injection for reliability tests: a step computing this token id raises.
         fault = os.environ.get("VLITE_FAULT_INJECT_TOKEN_ID")
         self._fault_token_id = int(fault) if fault else None
@@ -445,9 +445,10 @@ class ModelRunner:
         adaptive = config.draft_policy == "adaptive"
         cap = np.full(len(rows), min(config.num_speculative_tokens, budget))
         num_tokens = batch.num_tokens[rows]
-        # only the rows' tokens so far are copied (a whole row is max_model_len long)
-        drafts, num_drafts, match_len = self.proposer.propose(batch.token_ids[rows, :int(num_tokens.max())],
-                                                              num_tokens, cap)
+        # only the rows' tokens so far are copied (a whole row is max_model_len long); one row: a view
+        tokens = (batch.token_ids[rows[0]:rows[0] + 1] if len(rows) == 1
+                  else batch.token_ids[rows, :int(num_tokens.max())])
+        drafts, num_drafts, match_len = self.proposer.propose(tokens, num_tokens, cap)
         if adaptive:
             acc, rej = batch.spec_accepted[rows], batch.spec_rejected[rows]
             num_drafts = np.minimum(num_drafts, self.draft_policy.num_drafts(acc, rej, match_len))
@@ -498,16 +499,25 @@ class ModelRunner:
         """
         b = self.input_batch
         key = (b.version, rows.tobytes(), None if offsets is None else offsets.tobytes())
+        # Metadata without a per-row field (greedy or one shared setting, no processors) fits any
+        # number of logits rows of the same requests: verify steps of varying drafts reuse it.
         cached = self._md_cache
         if cached is not None and cached[0] == key:
+            return cached[1]
+        distinct = rows if offsets is None else rows[offsets == 0]  # a request's first row: offset 0
+        shared_key = (b.version, distinct.tobytes())
+        if cached is not None and cached[2] == shared_key:
+            self._md_cache = (key, cached[1], shared_key)
             return cached[1]
         md = self._build_sampling_metadata(rows, offsets)
         per_step = (not md.no_penalties or md.min_tokens is not None or md.disallowed_mask is not None
                     or md.logit_bias is not None or md.bad_words_token_ids or (b.min_tokens[rows] > 0).any()
                     or md.generators)
+        per_row = (md.temperature is not None or md.top_p is not None or md.top_k is not None
+                   or md.min_p is not None or not md.no_processors or not md.no_penalties or md.generators)
         if self.device.type != "cpu":
             md = md.to(self.device)
-        self._md_cache = None if per_step else (key, md)
+        self._md_cache = None if per_step else (key, md, None if per_row else shared_key)
         return md
 
     def _build_sampling_metadata(self, rows: np.ndarray, offsets: Optional[np.ndarray] = None) -> SamplingMetadata:
