@@ -67,6 +67,8 @@ def _compile_flags(isa: str) -> list[str]:
         flags += ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
         if "avx512_vnni" in cpu_flags().split():
             flags.append("-mavx512vnni")
+        if "avx512_bf16" in cpu_flags().split():  # bf16 attention scores (decode_attention.cpp)
+            flags.append("-mavx512bf16")
     return flags
 
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "vec.h"
@@ -88,12 +89,25 @@ struct SlotCursor {
   }
 };
 
+#if defined(VLITE_AVX512) && defined(__AVX512BF16__)
+// bf16 keys on a CPU with AVX512_BF16: scores as `vdpbf16ps` dot products of the unscaled bf16 query
+// (its exact values) with the keys, 32 products per instruction and no conversion of the keys, then
+// times the scale. Half the instructions of float32 FMAs over converted keys; the products are exact
+// in float32 either way, only the order of the sums differs (and every step runs this same code).
+template <typename T>
+constexpr bool kBf16Dot = std::is_same_v<T, c10::BFloat16>;
+#else
+template <typename T>
+constexpr bool kBf16Dot = false;
+#endif
+
 // Query heads [0, GB) of one (request, kv head) against keys [j0, j1): the running max m, the sum
 // of exp(s - m) l and the unnormalized output acc (GB x D), for the caller to normalize or merge.
+// qf: the queries times the scale, as float32; qraw: the same queries as given (the bf16 dot path);
 // s: scratch of GB rows of (j1 - j0 + 16) floats.
 template <int NV, int GB, typename T>
-void attend_chunk(const float* qf, const T* kh, const T* vh, const int64_t* blocks, int64_t BS, int64_t j0,
-                  int64_t j1, float* s, float* m, float* l, float* acc) {
+void attend_chunk(const float* qf, const T* qraw, float scale, const T* kh, const T* vh, const int64_t* blocks,
+                  int64_t BS, int64_t j0, int64_t j1, float* s, float* m, float* l, float* acc) {
   constexpr int64_t D = NV * 16;
   const int64_t len = j1 - j0, ls = len + 16;
   if (len <= 0) {
@@ -104,25 +118,51 @@ void attend_chunk(const float* qf, const T* kh, const T* vh, const int64_t* bloc
     }
     return;
   }
-  Vec16 qv[GB][NV];
-  for (int g = 0; g < GB; ++g)
-    for (int c = 0; c < NV; ++c) qv[g][c] = Vec16::load(qf + g * D + c * 16);
   alignas(64) float part[GB][256];
   SlotCursor ks(blocks, BS, j0);
-  for (int64_t jb = 0; jb < len; jb += 16) {  // scores of 16 keys, then 16 horizontal sums at once
-    const int64_t cnt = std::min<int64_t>(16, len - jb);
-    for (int64_t k = 0; k < cnt; ++k) {
-      const T* kp = kh + ks.next() * D;
-      Vec16 kv[NV];
-      for (int c = 0; c < NV; ++c) kv[c] = Vec16::load(kp + c * 16);
-      for (int g = 0; g < GB; ++g) {
-        Vec16 a = qv[g][0] * kv[0];
-        for (int c = 1; c < NV; ++c) a = fmadd(qv[g][c], kv[c], a);
-        a.store(part[g] + 16 * k);
+#if defined(VLITE_AVX512) && defined(__AVX512BF16__)
+  if constexpr (kBf16Dot<T>) {
+    constexpr int NP = NV / 2;  // 32 bf16 values per register
+    __m512bh qb[GB][NP];
+    for (int g = 0; g < GB; ++g)
+      for (int c = 0; c < NP; ++c)
+        qb[g][c] = (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(qraw + g * D + c * 32));
+    const Vec16 sv = Vec16::set1(scale);
+    for (int64_t jb = 0; jb < len; jb += 16) {
+      const int64_t cnt = std::min<int64_t>(16, len - jb);
+      for (int64_t k = 0; k < cnt; ++k) {
+        const T* kp = kh + ks.next() * D;
+        __m512bh kb[NP];
+        for (int c = 0; c < NP; ++c) kb[c] = (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(kp + c * 32));
+        for (int g = 0; g < GB; ++g) {
+          __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qb[g][0], kb[0]);
+          for (int c = 1; c < NP; ++c) a = _mm512_dpbf16_ps(a, qb[g][c], kb[c]);
+          _mm512_storeu_ps(part[g] + 16 * k, a);
+        }
       }
+      for (int g = 0; g < GB; ++g) (reduce16(part[g]) * sv).store(s + g * ls + jb);
     }
-    // all 16 sums (rows past cnt are scratch, overwritten below): s has 16 floats of room past len
-    for (int g = 0; g < GB; ++g) reduce16(part[g]).store(s + g * ls + jb);
+  } else
+#endif
+  {
+    Vec16 qv[GB][NV];
+    for (int g = 0; g < GB; ++g)
+      for (int c = 0; c < NV; ++c) qv[g][c] = Vec16::load(qf + g * D + c * 16);
+    for (int64_t jb = 0; jb < len; jb += 16) {  // scores of 16 keys, then 16 horizontal sums at once
+      const int64_t cnt = std::min<int64_t>(16, len - jb);
+      for (int64_t k = 0; k < cnt; ++k) {
+        const T* kp = kh + ks.next() * D;
+        Vec16 kv[NV];
+        for (int c = 0; c < NV; ++c) kv[c] = Vec16::load(kp + c * 16);
+        for (int g = 0; g < GB; ++g) {
+          Vec16 a = qv[g][0] * kv[0];
+          for (int c = 1; c < NV; ++c) a = fmadd(qv[g][c], kv[c], a);
+          a.store(part[g] + 16 * k);
+        }
+      }
+      // all 16 sums (rows past cnt are scratch, overwritten below): s has 16 floats of room past len
+      for (int g = 0; g < GB; ++g) reduce16(part[g]).store(s + g * ls + jb);
+    }
   }
   // Softmax numerators in place, 16 at a time: scores past len padded with -inf, whose exp (clamped
   // at e^-87, ~1e-38) adds nothing a float32 sum of at least 1 can hold. (Scalar exps of the tail
@@ -162,19 +202,21 @@ void attend_chunk(const float* qf, const T* kh, const T* vh, const int64_t* bloc
 }
 
 template <int NV, typename T>
-void attend_heads(const float* qf, int64_t G, const T* kh, const T* vh, const int64_t* blocks, int64_t BS, int64_t j0,
-                  int64_t j1, float* s, float* m, float* l, float* acc) {
+void attend_heads(const float* qf, const T* qraw, float scale, int64_t G, const T* kh, const T* vh,
+                  const int64_t* blocks, int64_t BS, int64_t j0, int64_t j1, float* s, float* m, float* l,
+                  float* acc) {
   constexpr int64_t D = NV * 16;
   constexpr int64_t kMaxGroup = NV <= 4 ? 4 : NV <= 8 ? 2 : 1;  // query heads per pass over the keys
   for (int64_t g = 0; g < G;) {
     const int64_t gb = std::min(kMaxGroup, G - g);
     const float* qg = qf + g * D;
+    const T* qr = qraw + g * D;
     float* ag = acc + g * D;
     switch (gb) {
-      case 4: attend_chunk<NV, 4>(qg, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
-      case 3: attend_chunk<NV, 3>(qg, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
-      case 2: attend_chunk<NV, 2>(qg, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
-      default: attend_chunk<NV, 1>(qg, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
+      case 4: attend_chunk<NV, 4>(qg, qr, scale, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
+      case 3: attend_chunk<NV, 3>(qg, qr, scale, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
+      case 2: attend_chunk<NV, 2>(qg, qr, scale, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
+      default: attend_chunk<NV, 1>(qg, qr, scale, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
     }
     g += gb;
   }
@@ -215,13 +257,14 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
       const int64_t j0 = first + cnt * part / S, j1 = first + cnt * (part + 1) / S;
       s.resize(std::min<int64_t>(G, 4) * (j1 - j0 + 16));
       const T* qp = q + (n * H + h * G) * D;
-      for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float(qp[i]) * scale;
+      if constexpr (!kBf16Dot<T>)
+        for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float(qp[i]) * scale;
       const bool direct = S == 1;
       float* mo = direct ? m.data() : pm.data() + unit * G;
       float* lo = direct ? l.data() : pl.data() + unit * G;
       float* ao = direct ? acc.data() : pacc.data() + unit * G * D;
-      attend_heads<NV>(qf.data(), G, kc + h * NB * BS * D, vc + h * NB * BS * D, bt + n * MB, BS, j0, j1, s.data(),
-                       mo, lo, ao);
+      attend_heads<NV>(qf.data(), qp, scale, G, kc + h * NB * BS * D, vc + h * NB * BS * D, bt + n * MB, BS, j0, j1,
+                       s.data(), mo, lo, ao);
       if (direct) {
         T* op = out + (n * H + h * G) * D;
         for (int64_t g = 0; g < G; ++g) {
