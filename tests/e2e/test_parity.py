@@ -24,6 +24,8 @@ def _generate(llm: LLM, prompts: list[list[int]]):
 
 @pytest.mark.parametrize("block_size,max_num_seqs", [(16, 16), (1, 16), (32, 1)])
 def test_greedy_matches_transformers(prompts, references, block_size, max_num_seqs):
+    if max_num_seqs == 1:  # one request at a time: every other length (3 to 600 tokens), half the time
+        prompts, references = prompts[1::2], references[1::2]
     llm = LLM(dtype="float32", block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=64)
     outputs = _generate(llm, prompts)
     assert [o.prompt_token_ids for o in outputs] == prompts  # input order kept

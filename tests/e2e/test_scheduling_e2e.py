@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_priority_same_tokens_as_fcfs(prompts):
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
     batch = [{"prompt_token_ids": p} for p in prompts]
     fcfs = LLM(dtype="float32", max_num_seqs=2, max_num_batched_tokens=128)
     a = fcfs.generate(batch, params, use_tqdm=False)
@@ -31,7 +31,7 @@ def test_abort_half_of_32_running(llm_fp32):
     tok = llm_fp32.get_tokenizer()
     words = tok.decode(list(range(1000, 1400))).split()
     texts = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for _ in range(32)]
-    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True, logprobs=2)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=2)
     for i, text in enumerate(texts):
         engine.add_request(f"r{i}", text, params)
     for _ in range(100):  # until every prompt is in (the step budget chunks them)
@@ -52,7 +52,7 @@ def test_abort_half_of_32_running(llm_fp32):
     alone = llm_fp32.generate([texts[i] for i in range(1, 32, 2)], params, use_tqdm=False)
     for req_id, ref in zip(survivors, alone):
         out = finals[req_id].outputs[0]
-        assert out.finish_reason == "length" and len(out.token_ids) == 100
+        assert out.finish_reason == "length" and len(out.token_ids) == 48
         compare_runs(out, ref.outputs[0])
     for i in range(0, 32, 2):
         assert finals[f"r{i}"].outputs[0].finish_reason == "abort"

@@ -59,7 +59,7 @@ def test_streamed_deltas_join_to_final_text(llm_fp32):
 def test_abort_frees_blocks_and_reports_abort(llm_fp32):
     engine = llm_fp32.llm_engine
     for i in range(6):
-        engine.add_request(f"ab-{i}", PROMPTS[i % len(PROMPTS)], SamplingParams(temperature=0, max_tokens=200,
+        engine.add_request(f"ab-{i}", PROMPTS[i % len(PROMPTS)], SamplingParams(temperature=0, max_tokens=40,
                                                                                 ignore_eos=True))
     for _ in range(3):
         engine.step()
@@ -71,7 +71,7 @@ def test_abort_frees_blocks_and_reports_abort(llm_fp32):
         if i % 2 == 0:
             assert final.outputs[0].finish_reason == "abort"
         else:
-            assert final.outputs[0].finish_reason == "length" and len(final.outputs[0].token_ids) == 200
+            assert final.outputs[0].finish_reason == "length" and len(final.outputs[0].token_ids) == 40
     engine.abort_request("ab-1")  # finished already: a no-op
     _assert_all_blocks_free(llm_fp32)
 
