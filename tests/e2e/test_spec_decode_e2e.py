@@ -131,3 +131,26 @@ def test_seeded_sampling_independent_of_batch(llm_spec, prompts):
     crowd = llm_spec.generate([{"prompt_token_ids": p} for p in prompts[:4]] + [target],
                               [others] * 4 + [seeded], use_tqdm=False)
     assert _tokens(alone)[0] == _tokens(crowd)[-1]
+
+
+def test_verify_steps_reuse_sampling_metadata_without_per_row_fields(llm_spec, monkeypatch):
+    """A greedy request without processors: one SamplingMetadata serves its prompt step and its verify
+    steps, whose logits rows repeat the request (it was rebuilt at each verify step, ~0.1 ms)."""
+    runner = llm_spec.llm_engine.engine_core.executor.model_runner
+    built, asked = [], []
+    build, make = runner._build_sampling_metadata, runner._make_sampling_metadata
+    monkeypatch.setattr(runner, "_build_sampling_metadata",
+                        lambda rows, offsets=None: built.append(len(rows)) or build(rows, offsets))
+    monkeypatch.setattr(runner, "_make_sampling_metadata",
+                        lambda rows, offsets=None: asked.append(len(rows)) or make(rows, offsets))
+    text = "one two three four five one two three four five one two three four five one two"
+    ref = llm_spec.generate(text, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    assert any(n > 1 for n in asked)  # verify steps ...
+    assert built == [1]  # ... served by the metadata built for the first step
+    # a request with a per-row field (a temperature) beside it gets metadata of its own rows
+    built.clear()
+    out = llm_spec.generate([text, text], [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+                                           SamplingParams(temperature=0.8, seed=1, max_tokens=24, ignore_eos=True)],
+                            use_tqdm=False)
+    assert _tokens(out)[0] == _tokens(ref)[0] and len(built) > 1
+    _assert_no_leak(llm_spec)
