@@ -499,8 +499,8 @@ class ModelRunner:
         """
         b = self.input_batch
         key = (b.version, rows.tobytes(), None if offsets is None else offsets.tobytes())
-        # Metadata without a per-row field (greedy or one shared setting, no processors) fits any
-        # number of logits rows of the same requests: verify steps of varying drafts reuse it.
+        # Metadata without a per-row field (all greedy, no processors or penalties: flags and the logprobs
+        # count only) fits any number of logits rows of the same requests: verify steps of any draft count reuse it.
         cached = self._md_cache
         if cached is not None and cached[0] == key:
             return cached[1]
