@@ -23,6 +23,8 @@ j places before e equals the token j places before the end, accumulated over j =
 
 from __future__ import annotations
 
+from typing import Optional, Union
+
 import numpy as np
 
 from vlite.config import SpeculativeConfig
@@ -91,7 +93,7 @@ class NgramProposer:
         cand = np.flatnonzero(seq[:n - 1] == seq[n - 1])  # e - 1 for the candidate positions e
         if not cand.size:
             return drafts, none, none
-        match = 1 + _agreeing_run_1d(seq, cand, n - 1, self.max_n - 1)
+        match = 1 + _agreeing_run(seq, None, cand, n - 1, self.max_n - 1)
         i = int(np.argmax(match * (n + 1) + cand))  # the longest, then the most recent
         if match[i] < self.min_n:
             return drafts, none, none
@@ -99,23 +101,20 @@ class NgramProposer:
         num = max(0, min(self.k, cap))
         j = np.arange(num)
         drafts[0, :num] = seq[np.minimum(pos + j % max(n - pos, 1), n - 1)]
-        match_len = _agreeing_run_1d(seq, np.array([pos]), n, MAX_MATCH_LEN)
+        match_len = _agreeing_run(seq, None, np.array([pos]), n, MAX_MATCH_LEN)
         return drafts, np.array([num]), match_len
 
 
-def _agreeing_run(tokens: np.ndarray, rows: np.ndarray, a: np.ndarray, b: np.ndarray, limit: int) -> np.ndarray:
+def _agreeing_run(tokens: np.ndarray, rows: Optional[np.ndarray], a: np.ndarray, b: Union[np.ndarray, int],
+                  limit: int) -> np.ndarray:
     """For each i, how many tokens just before a[i] equal those just before b[i] in row rows[i]
-    (tokens[r, a - j] == tokens[r, b - j] for j = 1, 2, ...; a[i] <= b[i]), at most `limit`."""
-    j = np.arange(1, limit + 1)[None, :]
-    before = a[:, None] - j
-    same = (before >= 0) & (tokens[rows[:, None], np.maximum(before, 0)]
-                            == tokens[rows[:, None], np.maximum(b[:, None] - j, 0)])
-    return np.cumprod(same, axis=1).sum(axis=1)
-
-
-def _agreeing_run_1d(seq: np.ndarray, a: np.ndarray, b: int, limit: int) -> np.ndarray:
-    """_agreeing_run for one sequence and one b (a[i] <= b)."""
+    (tokens[r, a - j] == tokens[r, b - j] for j = 1, 2, ...; a[i] <= b[i]), at most `limit`.
+    rows None: `tokens` is one sequence (1-D) and b may be one position for all a."""
     j = np.arange(1, limit + 1)
     before = a[:, None] - j
-    same = (before >= 0) & (seq[np.maximum(before, 0)] == seq[np.maximum(b - j, 0)])
-    return np.cumprod(same, axis=1).sum(axis=1)
+    at_a, at_b = np.maximum(before, 0), np.maximum(np.asarray(b)[..., None] - j, 0)
+    if rows is None:
+        same = tokens[at_a] == tokens[at_b]
+    else:
+        same = tokens[rows[:, None], at_a] == tokens[rows[:, None], at_b]
+    return np.cumprod((before >= 0) & same, axis=1).sum(axis=1)

@@ -445,10 +445,9 @@ class ModelRunner:
         adaptive = config.draft_policy == "adaptive"
         cap = np.full(len(rows), min(config.num_speculative_tokens, budget))
         num_tokens = batch.num_tokens[rows]
-        # only the rows' tokens so far are copied (a whole row is max_model_len long); one row: a view
-        tokens = (batch.token_ids[rows[0]:rows[0] + 1] if len(rows) == 1
-                  else batch.token_ids[rows, :int(num_tokens.max())])
-        drafts, num_drafts, match_len = self.proposer.propose(tokens, num_tokens, cap)
+        # only the rows' tokens so far are copied (a whole row is max_model_len long)
+        drafts, num_drafts, match_len = self.proposer.propose(batch.token_ids[rows, :int(num_tokens.max())],
+                                                              num_tokens, cap)
         if adaptive:
             acc, rej = batch.spec_accepted[rows], batch.spec_rejected[rows]
             num_drafts = np.minimum(num_drafts, self.draft_policy.num_drafts(acc, rej, match_len))
@@ -513,8 +512,8 @@ class ModelRunner:
         per_step = (not md.no_penalties or md.min_tokens is not None or md.disallowed_mask is not None
                     or md.logit_bias is not None or md.bad_words_token_ids or (b.min_tokens[rows] > 0).any()
                     or md.generators)
-        per_row = (md.temperature is not None or md.top_p is not None or md.top_k is not None
-                   or md.min_p is not None or not md.no_processors or not md.no_penalties or md.generators)
+        # (per_step metadata is not kept at all: penalties, processors and generators are covered there)
+        per_row = md.temperature is not None or md.top_p is not None or md.top_k is not None or md.min_p is not None
         if self.device.type != "cpu":
             md = md.to(self.device)
         self._md_cache = None if per_step else (key, md, None if per_row else shared_key)
