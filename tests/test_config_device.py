@@ -1,5 +1,6 @@
 """Device options: validated with the field and its limit named, before any model work; dtype="auto" is
-bfloat16 on a GPU (the CLI flags: tests/entrypoints/test_cli.py)."""
+bfloat16 on a GPU, and on a CPU with native bf16 or quantized weights (the CLI flags:
+tests/entrypoints/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,26 @@ def test_auto_dtype_is_bfloat16_on_gpu():
     assert resolve_dtype_name(ModelConfig(dtype="auto"), "cuda") == "bfloat16"
     assert resolve_dtype_name(ModelConfig(dtype="float32"), "cuda") == "float32"
     assert resolve_dtype_name(ModelConfig(dtype="auto"), "cpu") == ModelConfig().torch_dtype_name
+
+
+def test_auto_dtype_on_a_cpu_without_bf16(monkeypatch):
+    """Quantized weights run on the integer kernels, which quantize activations to int8 from either
+    dtype: bf16 there (no residual rows, half the KV cache). A dense model stays float32 (a dense
+    bf16 GEMM without native bf16 is emulated), as does the torch path without the kernels."""
+    from vlite.engine.arg_utils import _on_integer_kernels
+    from vlite.model_loader import ResolvedModel, resolve_model
+
+    assert resolve_dtype_name(ModelConfig(dtype="auto"), "cpu", integer_kernels=True) == "bfloat16"
+    assert resolve_dtype_name(ModelConfig(dtype="float32"), "cpu", integer_kernels=True) == "float32"
+    monkeypatch.setenv("VLITE_CPU_ISA", "avx2")
+    assert resolve_dtype_name(ModelConfig(dtype="auto"), "cpu") == "float32"
+    default = resolve_model(None)  # the Q4_1 GGUF
+    assert _on_integer_kernels(default, None) and _on_integer_kernels(default, "int4")
+    assert not _on_integer_kernels(default, "none")
+    folder = ResolvedModel("dense", default.path)  # weights from a Hugging Face folder: dense
+    assert not _on_integer_kernels(folder, None) and _on_integer_kernels(folder, "int8")
+    monkeypatch.setenv("VLITE_CPU_KERNELS", "0")
+    assert not _on_integer_kernels(default, None)
 
 
 def _no_model_load(monkeypatch):

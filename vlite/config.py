@@ -24,7 +24,7 @@ def cpu_flags() -> str:
 
 
 def cpu_supports_bf16() -> bool:
-    """bf16 pays on CPU only with native bf16 dot products (AVX512-BF16 or AMX). With
+    """Native bf16 dot products (AVX512-BF16 or AMX): dense bf16 GEMMs pay only with them. With
     VLITE_CPU_ISA=avx2|portable the machine stands in for a CPU without them."""
     import os
 
@@ -37,7 +37,7 @@ def cpu_supports_bf16() -> bool:
 @dataclass(frozen=True)
 class ModelConfig:
     model: Optional[str] = None  # None: the bundled SmolLM2-135M-Instruct GGUF
-    dtype: str = "auto"  # auto picks bfloat16 where the CPU has native bf16, else float32
+    dtype: str = "auto"  # see resolve_dtype_name
     max_model_len: Optional[int] = None  # prompt + output tokens; None: the model's own limit
     seed: int = 0
     chat_template: Optional[str] = None
@@ -257,9 +257,16 @@ class DeviceConfig:
                          "use device='cpu' or 'auto', or install torch's CUDA build (README, GPU)")
 
 
-def resolve_dtype_name(model_config: ModelConfig, device: str) -> str:
-    """dtype="auto" is bfloat16 on a GPU, and on a CPU what ModelConfig picks for it."""
-    if model_config.dtype == "auto" and device == "cuda":
+def resolve_dtype_name(model_config: ModelConfig, device: str, integer_kernels: bool = False) -> str:
+    """dtype="auto": bfloat16 on a GPU; on a CPU bfloat16 where it has native bf16 or where the linear
+    layers run on vlite's integer kernels (`integer_kernels`: quantized weights), else float32.
+
+    The kernels quantize activations to int8 whatever their dtype, so on an AVX2 CPU bf16 costs
+    nothing there and halves the KV cache; float32 activations would carry an int8 residual row that
+    doubles the integer work of every multi-token step (AVX2, default model: 1.1-1.15x wl32
+    throughput, speculative copy decoding 1.55 -> 2.09x; docs/benchmarks.md). Dense models stay
+    float32 there: a dense bf16 GEMM without native bf16 is emulated."""
+    if model_config.dtype == "auto" and (device == "cuda" or integer_kernels):
         return "bfloat16"
     return model_config.torch_dtype_name
 

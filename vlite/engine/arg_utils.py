@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from vlite.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig,
-                          VliteConfig, resolve_dtype_name)
-from vlite.model_loader import ModelArchConfig, ResolvedModel, load_model_arch, load_model_weights, resolve_model
+                          VliteConfig, cpu_supports_bf16, resolve_dtype_name)
+from vlite.model_loader import (ModelArchConfig, ResolvedModel, gguf_linear_type, load_model_arch, load_model_weights,
+                                resolve_model)
 
 if TYPE_CHECKING:  # torch loads only where the model runs (the engine-core process), not in the API process
     import torch
@@ -84,7 +85,10 @@ class EngineArgs:
 
         from vlite.layers.quantization import QuantizationPlan, plan_quantization
 
-        dtype_name = resolve_dtype_name(model_config, device)
+        dtype_name = resolve_dtype_name(model_config, device, integer_kernels=(
+            self.dtype == "auto" and device == "cpu" and not cpu_supports_bf16()
+            and _on_integer_kernels(resolved, self.quantization)))
+        model_config = replace(model_config, dtype=dtype_name)  # what runs, for reports and the engine
         torch_dtype = getattr(torch, dtype_name)
         if parallel_config.backend == "uni":
             arch, weights = load_model_weights(resolved, torch_dtype)
@@ -137,6 +141,21 @@ class EngineArgs:
                                parallel_config=parallel_config, device_config=device_config),
             resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
             num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids), device=device)
+
+
+def _on_integer_kernels(resolved: ResolvedModel, quantization: Optional[str]) -> bool:
+    """Whether dtype="auto" would run the linear layers on vlite's integer kernels: int8/int4 asked for,
+    or a GGUF file's own quantized blocks (QuantizationPlan "gguf"), with the kernels available."""
+    from vlite import _custom_ops
+    from vlite.config import QUANTIZATION_METHODS
+    from vlite.model_loader.gguf_quants import DENSE_TYPES
+
+    if quantization == "none" or _custom_ops.load() is None:
+        return False
+    if quantization in QUANTIZATION_METHODS:
+        return True
+    linear_type = gguf_linear_type(resolved)
+    return linear_type is not None and linear_type not in DENSE_TYPES
 
 
 def _log_longrope(arch: ModelArchConfig, max_model_len: int) -> None:

@@ -94,8 +94,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="a .gguf file, a folder (Hugging Face safetensors or one .gguf) or a Hugging Face "
                             "repo id; default: the bundled SmolLM2-135M-Instruct")
     group.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
-                       help="weight and activation dtype; auto picks bfloat16 on a GPU and where the CPU has native "
-                            "bf16, else float32 (default: %(default)s)")
+                       help="weight and activation dtype; auto picks bfloat16 on a GPU, where the CPU has native "
+                            "bf16, and for quantized weights (the integer kernels), else float32 "
+                            "(default: %(default)s)")
     group.add_argument("--quantization", "-q", default=d.quantization, choices=QUANTIZATION_CHOICES,
                        help="weight-only quantization of the linear layers: int8 (per channel) or int4 (groups "
                             "of 32; LM head int8) for every step, or none (dense --dtype weights). Default: "

@@ -17,6 +17,7 @@ __all__ = [
     "ModelArchConfig",
     "ResolvedModel",
     "default_model_path",
+    "gguf_linear_type",
     "iter_model_weights",
     "load_model_arch",
     "load_model_weights",
@@ -38,6 +39,19 @@ def load_model_weights(
     from vlite.model_loader.safetensors_loader import load_hf_folder
 
     return load_hf_folder(Path(resolved.path), dtype)
+
+
+def gguf_linear_type(resolved: ResolvedModel) -> str | None:
+    """The GGUF type of a GGUF model's linear weights ("Q4_1", "mixed", "F16", ...); None for a
+    Hugging Face folder. From the conversion cache where there is one, else the file's header."""
+    if resolved.gguf_file is None:
+        return None
+    from vlite.model_loader.cache import cached_source_quantization
+    from vlite.model_loader.gguf_loader import gguf_arch
+
+    path = Path(resolved.gguf_file)
+    cached = cached_source_quantization(path)
+    return cached[0] if cached is not None else gguf_arch(path).source_quantization
 
 
 def load_model_arch(resolved: ResolvedModel, dtype: torch.dtype) -> ModelArchConfig:

@@ -93,6 +93,20 @@ def _unflatten(tensors: dict[str, torch.Tensor], layouts: dict[str, str]) -> dic
     return weights
 
 
+def cached_source_quantization(source: Path) -> Optional[tuple[Optional[str]]]:
+    """The linear weights' GGUF type as a conversion cache of `source` (in any dtype) recorded it:
+    (type,), or None where no entry has it (the dtype is chosen before the weights load)."""
+    for tag in ("bfloat16", "float32"):
+        entry = _entry(source, tag)
+        if entry is None:
+            return None
+        try:
+            return (json.loads((entry / "arch_config.json").read_text())["source_quantization"],)
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
 def cached_gguf_weights(source: Path, dtype: torch.dtype,
                         load: Callable[[], tuple[ModelArchConfig, dict[str, Any]]]
                         ) -> tuple[ModelArchConfig, dict[str, Any]]:
