@@ -5,7 +5,8 @@
 //     out[n, h*G + g] = softmax_j(s_g) @ V[h, block(j), j % B]
 //
 // Scores, softmax and the output accumulator are float32, in Vec16 lanes (vec.h), so the same code
-// runs on AVX-512, AVX2 and the portable build.
+// runs on AVX-512, AVX2 and the portable build. With a bf16 cache on a CPU with AVX512_BF16, the
+// scores and the P.V sums are `vdpbf16ps` dot products into float32 instead (kBf16Dot, pv_bf16).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -101,6 +102,55 @@ template <typename T>
 constexpr bool kBf16Dot = false;
 #endif
 
+#if defined(VLITE_AVX512) && defined(__AVX512BF16__)
+// acc[g] = sum_j p_g[j] V[j] for bf16 values: `vdpbf16ps` over key pairs, each 32-bit lane holding
+// (V[j][d], V[j+1][d]) (an unpack of the two rows) against the pair (p[j], p[j+1]) rounded to bf16:
+// half the multiplies of float32 FMAs and no conversion of V. The probabilities' rounding (2^-9
+// relative, like V's own) is the only change in value. Lane i of the unpacked registers holds
+// d = 8 * (i / 4) + i % 4 (lo) or that + 4 (hi), put back in order at the end.
+template <int NV, int GB>
+void pv_bf16(const float* s, int64_t ls, int64_t padded, const c10::BFloat16* vh, const int64_t* blocks, int64_t BS,
+             int64_t j0, int64_t len, float* acc) {
+  constexpr int NP = NV / 2;  // 32 values of a V row per register
+  constexpr int64_t D = NV * 16;
+  __m512 al[GB][NP], ah[GB][NP];
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NP; ++c) al[g][c] = ah[g][c] = _mm512_setzero_ps();
+  alignas(64) uint32_t pp[GB][16];  // 32 keys' probabilities as 16 bf16 pairs
+  SlotCursor vs(blocks, BS, j0);
+  for (int64_t jb = 0; jb < len; jb += 32) {
+    for (int g = 0; g < GB; ++g) {  // s is written up to `padded` (a multiple of 16): zeros past it
+      const float* sg = s + g * ls + jb;
+      const __m512 hi = jb + 16 < padded ? _mm512_loadu_ps(sg + 16) : _mm512_setzero_ps();
+      _mm512_store_si512(pp[g], (__m512i)_mm512_cvtne2ps_pbh(hi, _mm512_loadu_ps(sg)));
+    }
+    const int64_t cnt = std::min<int64_t>(32, len - jb);
+    for (int64_t k = 0; k < cnt; k += 2) {
+      const c10::BFloat16* va = vh + vs.next() * D;
+      const c10::BFloat16* vb = k + 1 < cnt ? vh + vs.next() * D : nullptr;  // an odd last key: pair with 0
+      for (int c = 0; c < NP; ++c) {
+        const __m512i a = _mm512_loadu_si512(reinterpret_cast<const void*>(va + 32 * c));
+        const __m512i b = vb != nullptr ? _mm512_loadu_si512(reinterpret_cast<const void*>(vb + 32 * c))
+                                        : _mm512_setzero_si512();
+        const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b), hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+        for (int g = 0; g < GB; ++g) {
+          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[g][k / 2]));
+          al[g][c] = _mm512_dpbf16_ps(al[g][c], p, lo);
+          ah[g][c] = _mm512_dpbf16_ps(ah[g][c], p, hi);
+        }
+      }
+    }
+  }
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NP; ++c) {
+      _mm512_storeu_ps(acc + g * D + 32 * c, _mm512_permutex2var_ps(al[g][c], first, ah[g][c]));
+      _mm512_storeu_ps(acc + g * D + 32 * c + 16, _mm512_permutex2var_ps(al[g][c], second, ah[g][c]));
+    }
+}
+#endif
+
 // Query heads [0, GB) of one (request, kv head) against keys [j0, j1): the running max m, the sum
 // of exp(s - m) l and the unnormalized output acc (GB x D), for the caller to normalize or merge.
 // qf: the queries times the scale, as float32; qraw: the same queries as given (the bf16 dot path);
@@ -184,6 +234,12 @@ void attend_chunk(const float* qf, const T* qraw, float scale, const T* kh, cons
     m[g] = mx;
     l[g] = sum.sum();
   }
+#if defined(VLITE_AVX512) && defined(__AVX512BF16__)
+  if constexpr (kBf16Dot<T>) {
+    pv_bf16<NV, GB>(s, ls, padded, vh, blocks, BS, j0, len, acc);
+    return;
+  }
+#endif
   Vec16 av[GB][NV];
   for (int g = 0; g < GB; ++g)
     for (int c = 0; c < NV; ++c) av[g][c] = Vec16::zero();
