@@ -263,9 +263,9 @@ def resolve_dtype_name(model_config: ModelConfig, device: str, integer_kernels: 
 
     The kernels quantize activations to int8 whatever their dtype, so on an AVX2 CPU bf16 costs
     nothing there and halves the KV cache; float32 activations would carry an int8 residual row that
-    doubles the integer work of every multi-token step (AVX2, default model: 1.1-1.15x wl32
-    throughput, speculative copy decoding 1.55 -> 2.09x; docs/benchmarks.md). Dense models stay
-    float32 there: a dense bf16 GEMM without native bf16 is emulated."""
+    doubles the integer work of every multi-token step (AVX2 path, default model: wl32 +10-15%,
+    speculative copy decoding +16-19%; docs/benchmarks.md). Dense models stay float32 there: a
+    dense bf16 GEMM without native bf16 is emulated."""
     if model_config.dtype == "auto" and (device == "cuda" or integer_kernels):
         return "bfloat16"
     return model_config.torch_dtype_name
