@@ -15,12 +15,12 @@ and the callers run plain torch code instead.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
-import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from vlite.config import cpu_flags
 
@@ -82,17 +82,34 @@ def _build_name(isa: str, flags: list[str]) -> str:
     return f"vlite_cpu_{isa}_{h.hexdigest()[:12]}"
 
 
-def _remove_stale_lock(name: str, max_age_s: float = 600.0) -> None:
-    """torch waits forever on the lock file of a build that was killed midway (e.g. Ctrl-C during
-    the first start); a compile takes well under max_age_s, so an older lock is stale."""
+@contextlib.contextmanager
+def _build_guard(name: str) -> Iterator[None]:
+    """Hold an flock of the build folder while torch builds or loads `name`: another vlite process
+    waits here instead, and the kernel drops the flock of a process that dies. So while we hold it,
+    torch's own lock file (which records no owner) can only be a killed build's, e.g. after Ctrl-C
+    during the first start: removed, it no longer makes every later start wait on it forever."""
     try:
+        import fcntl
+
         from torch.utils.cpp_extension import _get_build_directory
 
-        lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
-        if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > max_age_s:
-            os.remove(lock)
-    except Exception:  # a private torch helper: never let this step fail the load
-        pass
+        folder = _get_build_directory(name, verbose=False)
+        os.makedirs(folder, exist_ok=True)
+        guard = open(os.path.join(folder, "vlite.flock"), "a")
+    except Exception:  # no fcntl (Windows) or a private torch helper gone: torch's lock alone
+        yield
+        return
+    with guard:
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock: torch's lock alone
+            yield
+            return
+        try:
+            os.remove(os.path.join(folder, "lock"))
+        except FileNotFoundError:
+            pass
+        yield
 
 
 def enabled() -> bool:
@@ -108,10 +125,10 @@ def build(isa: str) -> Any:
 
     flags = _compile_flags(isa)
     name = _build_name(isa, flags)
-    _remove_stale_lock(name)
     logger.info("loading vlite's %s CPU kernels (compiled on first use, ~30 s, then cached)", isa)
-    return load_extension(name=name, sources=[str(_CSRC / "bindings.cpp")], extra_cflags=flags,
-                          extra_ldflags=["-fopenmp"], extra_include_paths=[str(_CSRC)], verbose=False)
+    with _build_guard(name):
+        return load_extension(name=name, sources=[str(_CSRC / "bindings.cpp")], extra_cflags=flags,
+                              extra_ldflags=["-fopenmp"], extra_include_paths=[str(_CSRC)], verbose=False)
 
 
 def load(isa: Optional[str] = None) -> Optional[Any]:
