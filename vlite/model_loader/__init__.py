@@ -46,12 +46,11 @@ def gguf_linear_type(resolved: ResolvedModel) -> str | None:
     Hugging Face folder. From the conversion cache where there is one, else the file's header."""
     if resolved.gguf_file is None:
         return None
-    from vlite.model_loader.cache import cached_source_quantization
+    from vlite.model_loader.cache import cached_arch
     from vlite.model_loader.gguf_loader import gguf_arch
 
     path = Path(resolved.gguf_file)
-    cached = cached_source_quantization(path)
-    return cached[0] if cached is not None else gguf_arch(path).source_quantization
+    return (cached_arch(path) or gguf_arch(path)).source_quantization
 
 
 def load_model_arch(resolved: ResolvedModel, dtype: torch.dtype) -> ModelArchConfig:

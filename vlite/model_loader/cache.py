@@ -93,16 +93,23 @@ def _unflatten(tensors: dict[str, torch.Tensor], layouts: dict[str, str]) -> dic
     return weights
 
 
-def cached_source_quantization(source: Path) -> Optional[tuple[Optional[str]]]:
-    """The linear weights' GGUF type as a conversion cache of `source` (in any dtype) recorded it:
-    (type,), or None where no entry has it (the dtype is chosen before the weights load)."""
+def _read_arch(entry: Path) -> ModelArchConfig:
+    """A cache entry's config (raises OSError, ValueError, TypeError or KeyError where unreadable)."""
+    config = json.loads((entry / "arch_config.json").read_text())
+    config["eos_token_ids"] = tuple(config["eos_token_ids"])
+    return ModelArchConfig(**config)
+
+
+def cached_arch(source: Path) -> Optional[ModelArchConfig]:
+    """The config a conversion cache of `source` recorded, in whichever dtype there is one (what does
+    not depend on the dtype, such as the weights' GGUF type, is known before the weights load)."""
     for tag in ("bfloat16", "float32"):
         entry = _entry(source, tag)
         if entry is None:
             return None
         try:
-            return (json.loads((entry / "arch_config.json").read_text())["source_quantization"],)
-        except (OSError, ValueError, KeyError):
+            return _read_arch(entry)
+        except (OSError, ValueError, TypeError, KeyError):
             continue
     return None
 
@@ -116,12 +123,11 @@ def cached_gguf_weights(source: Path, dtype: torch.dtype,
     entry = _entry(source, str(dtype).replace("torch.", ""))
     if entry is not None and (entry / "model.safetensors").exists():
         try:
-            config = json.loads((entry / "arch_config.json").read_text())
-            config["eos_token_ids"] = tuple(config["eos_token_ids"])
+            arch = _read_arch(entry)
             path = str(entry / "model.safetensors")
             with safe_open(path, framework="pt") as f:
                 layouts = f.metadata() or {}
-            return ModelArchConfig(**config), _unflatten(load_file(path), layouts)
+            return arch, _unflatten(load_file(path), layouts)
         except (OSError, ValueError, TypeError, KeyError) as e:
             logger.debug("ignoring unreadable model cache %s: %s", entry, e)
     arch, weights = load()
@@ -144,9 +150,7 @@ def cached_gguf_stream(source: Path, dtype: torch.dtype) -> Optional[tuple[Model
     if entry is None or not (entry / "model.safetensors").exists():
         return None
     try:
-        config = json.loads((entry / "arch_config.json").read_text())
-        config["eos_token_ids"] = tuple(config["eos_token_ids"])
-        arch = ModelArchConfig(**config)
+        arch = _read_arch(entry)
         path = str(entry / "model.safetensors")
         with safe_open(path, framework="pt") as f:
             layouts = f.metadata() or {}
