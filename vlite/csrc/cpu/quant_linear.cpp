@@ -30,10 +30,15 @@ constexpr int64_t QK = 32;
 constexpr int64_t kTile = 16;  // output rows per tile
 #if defined(VLITE_AVX2)
 constexpr int kRows = 8;  // activation rows per weight-block unpack (AVX2: see its tile_dot)
+// q4 weights: a step's last 9 rows (a verify step of 1 + 8 tokens) in one pass instead of 8 and then
+// 1, which unpacked every weight block again for one row (30 layers of SmolLM2-135M at 9 rows:
+// 209 -> 190 us per layer). Not for q8 weights (their 9-row pass spills: LM head 2.2 -> 2.5 ms).
+constexpr bool kMergeTailRow = true;
 #else
 // activation rows per weight-block unpack: 8 (was 4) for speculative verify steps of 5-9 tokens, whose
 // rows then share one unpack (121 linears of SmolLM2-135M: 5 rows 3.23 -> 2.95 ms, 8 rows 4.46 -> 4.0)
 constexpr int kRows = 8;
+constexpr bool kMergeTailRow = false;  // measured: no gain (docs/benchmarks.md)
 #endif
 constexpr int64_t kActivationBlockBytes = 64 * 1024;  // int8 activation rows per pass over the tiles
 // Float32 activations get the residual row in steps of at most this many rows (a few decodes, bound
@@ -528,8 +533,10 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
   // Long steps (prefill chunks) take the rows in blocks whose int8 activations stay in L2 while
   // every tile of the thread's share passes over them (2,048 rows at once: 127 -> 147 GMAC/s, AVX2).
   const int64_t m_block = std::max<int64_t>(4 * kRows, (kActivationBlockBytes / a.K) / kRows * kRows);
+  constexpr bool merge = kMergeTailRow && FMT == 4;
+  constexpr int kPass = merge ? kRows + 1 : kRows;  // the most rows of one pass
   at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
-    alignas(64) float res[kRows * kTile];
+    alignas(64) float res[kPass * kTile];
     for (int64_t m_begin = 0; m_begin < M; m_begin += m_block) {
       const int64_t m_end = std::min(M, m_begin + m_block);
       for (int64_t t = begin; t < end; ++t) {
@@ -537,10 +544,10 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
         const S* s = st + t * scales_per_tile;
         const S* mn = mt != nullptr ? mt + t * mins_per_tile : nullptr;
         const uint8_t* next = t + 1 < end ? q + tile_bytes : nullptr;
-        for (int64_t m = m_begin; m < m_end; m += kRows) {
-          const int64_t rows = std::min<int64_t>(kRows, m_end - m);
+        for (int64_t m = m_begin, rows; m < m_end; m += rows) {
+          rows = merge && !pairs && m_end - m == kRows + 1 ? kRows + 1 : std::min<int64_t>(kRows, m_end - m);
           const uint8_t* pf = m == m_begin ? next : nullptr;
-          with_rows<kRows>(rows, [&](auto r) { tile_dot<FMT, SUB, decltype(r)::value>(q, s, mn, a, m, res, pf); });
+          with_rows<kPass>(rows, [&](auto r) { tile_dot<FMT, SUB, decltype(r)::value>(q, s, mn, a, m, res, pf); });
           store(res, m, rows, pairs ? 2 : 1, t * kTile, std::min(kTile, N - t * kTile));
         }
       }
