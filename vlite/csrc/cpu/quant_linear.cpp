@@ -30,16 +30,16 @@ constexpr int64_t QK = 32;
 constexpr int64_t kTile = 16;  // output rows per tile
 #if defined(VLITE_AVX2)
 constexpr int kRows = 8;  // activation rows per weight-block unpack (AVX2: see its tile_dot)
-// q4 weights: a step's last 9 rows (a verify step of 1 + 8 tokens) in one pass instead of 8 and then
-// 1, which unpacked every weight block again for one row (30 layers of SmolLM2-135M at 9 rows:
-// 209 -> 190 us per layer). Not for q8 weights (their 9-row pass spills: LM head 2.2 -> 2.5 ms).
-constexpr bool kMergeTailRow = true;
 #else
 // activation rows per weight-block unpack: 8 (was 4) for speculative verify steps of 5-9 tokens, whose
 // rows then share one unpack (121 linears of SmolLM2-135M: 5 rows 3.23 -> 2.95 ms, 8 rows 4.46 -> 4.0)
 constexpr int kRows = 8;
-constexpr bool kMergeTailRow = false;  // measured: no gain (docs/benchmarks.md)
 #endif
+// q4 weights: a step's last 9 rows (a verify step of 1 + 8 tokens) in one pass instead of 8 and then
+// 1, which unpacked every weight block again for one row (the four linears of a SmolLM2-135M layer
+// at 9 rows: AVX2 209 -> 190 us, AVX-512 VNNI 123 -> 110 us). Not for q8 weights: their 9-row pass
+// was slower (AVX2 LM head 2.2 -> 2.5 ms).
+constexpr bool kMergeTailRow = true;
 constexpr int64_t kActivationBlockBytes = 64 * 1024;  // int8 activation rows per pass over the tiles
 // Float32 activations get the residual row in steps of at most this many rows (a few decodes, bound
 // by reading the weights: the extra products are nearly free); longer steps (prefill chunks, large
