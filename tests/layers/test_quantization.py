@@ -59,7 +59,7 @@ def test_kernel_matches_reference(ops, fmt, sub, scale_dtype, mins, k):
     t = p.tiled()
     args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
     assert torch.equal(ops.dequantize(*args, torch.float32), w)
-    for m in (1, 2, 3, 4, 5, 9, 11, 17):  # 9, 17: a last pass of 9 rows (AVX2, q4)
+    for m in (1, 2, 3, 4, 5, 9, 11, 17):  # 9, 17: a last pass of 9 rows (q4)
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
             y = ops.quant_linear(x, *args)
@@ -321,7 +321,7 @@ def test_precise_rows_decide_for_the_whole_step(ops):
 @pytest.mark.parametrize("fmt,sub,scale_dtype,mins", [LAYOUTS[0], LAYOUTS[2]])
 def test_rows_same_bits_in_any_step_size(ops, fmt, sub, scale_dtype, mins):
     """A row's output does not depend on how many rows share its call (passes of 8 rows, a last one of
-    9 on AVX2 q4): a speculative verify step's rows equal the 1-row decodes they stand for."""
+    9 for q4): a speculative verify step's rows equal the 1-row decodes they stand for."""
     p = random_packed(fmt, 40, 96, sub, scale_dtype, mins, seed=11)
     t = p.tiled()
     args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)

@@ -35,11 +35,6 @@ constexpr int kRows = 8;  // activation rows per weight-block unpack (AVX2: see 
 // rows then share one unpack (121 linears of SmolLM2-135M: 5 rows 3.23 -> 2.95 ms, 8 rows 4.46 -> 4.0)
 constexpr int kRows = 8;
 #endif
-// q4 weights: a step's last 9 rows (a verify step of 1 + 8 tokens) in one pass instead of 8 and then
-// 1, which unpacked every weight block again for one row (the four linears of a SmolLM2-135M layer
-// at 9 rows: AVX2 209 -> 190 us, AVX-512 VNNI 123 -> 110 us). Not for q8 weights: their 9-row pass
-// was slower (AVX2 LM head 2.2 -> 2.5 ms).
-constexpr bool kMergeTailRow = true;
 constexpr int64_t kActivationBlockBytes = 64 * 1024;  // int8 activation rows per pass over the tiles
 // Float32 activations get the residual row in steps of at most this many rows (a few decodes, bound
 // by reading the weights: the extra products are nearly free); longer steps (prefill chunks, large
@@ -533,7 +528,11 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
   // Long steps (prefill chunks) take the rows in blocks whose int8 activations stay in L2 while
   // every tile of the thread's share passes over them (2,048 rows at once: 127 -> 147 GMAC/s, AVX2).
   const int64_t m_block = std::max<int64_t>(4 * kRows, (kActivationBlockBytes / a.K) / kRows * kRows);
-  constexpr bool merge = kMergeTailRow && FMT == 4;
+  // q4 weights: a step's last 9 rows (a verify step of 1 + 8 tokens) in one pass instead of 8 and then
+  // 1, which unpacked every weight block again for one row (the four linears of a SmolLM2-135M layer
+  // at 9 rows: AVX2 209 -> 190 us, AVX-512 VNNI 123 -> 110 us). Not for q8 weights: their 9-row pass
+  // was slower (AVX2 LM head 2.2 -> 2.5 ms). Never splits a (value, residual) pair of rows.
+  constexpr bool merge = FMT == 4;
   constexpr int kPass = merge ? kRows + 1 : kRows;  // the most rows of one pass
   at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
     alignas(64) float res[kPass * kTile];
