@@ -274,6 +274,19 @@ def test_stop_strings_property(tok, words, stops, sizes, include):
     expected_text, expected_stop = _reference_stop(text, stops, include)
     assert stop == expected_stop
     assert "".join(outs) == d.output_text == expected_text
+    # the ids kept: up to the one that completed the stop string, as one id per update keeps
+    _, one, _ = stream(tok, ids, stop=stops, include_stop_str_in_output=include)
+    assert d.output_token_ids == one.output_token_ids
+
+
+def test_ids_after_a_stop_string_in_one_update_are_dropped(tok):
+    """Several ids in one update (accepted speculative drafts): the output ends with the id that
+    completed the stop string, as it would have with one id per step."""
+    ids = enc(tok, SENTENCE)
+    end = next(i for i in range(1, len(ids) + 1) if "brown" in tok.decode(ids[:i]))
+    _, d, stop = stream(tok, ids, [ids], stop=["brown"])
+    assert stop == "brown" and d.output_text == "The quick "
+    assert d.output_token_ids == ids[:end] and end < len(ids)
 
 
 # ------------------------------------------------------------------ context and cost

@@ -98,26 +98,31 @@ class IncrementalDetokenizer:
         """Append generated ids; return the stop string that ended the output, if any.
 
         With `stop_terminated` the engine already stopped on the last id (EOS/stop token): its text is
-        never shown, and since the request is over any held-back partial bytes are released.
+        never shown, and since the request is over any held-back partial bytes are released. Stop strings
+        are looked for after each id: when one completes, the ids after it are not kept (several ids come
+        at once from accepted speculative drafts; the output is what one id per step would have given).
         """
         if not new_token_ids:
             return None
-        self._token_ids.extend(new_token_ids)
         if self.stop_str_hit is not None:
+            self._token_ids.extend(new_token_ids)
             return None  # text already ended at a stop string
         to_decode = new_token_ids[:-1] if stop_terminated else new_token_ids
-        num_before = len(self._token_ids) - len(new_token_ids)
-        added = 0
-        for i, token_id in enumerate(to_decode):
+        for token_id in to_decode:
+            self._token_ids.append(token_id)
             self._window.append(token_id)
-            added += self._append(self._decode_step(flush=False))
-            if num_before + i + 1 <= self.min_tokens:
-                added = 0  # still within min_tokens: this text may not hold a stop string
+            added = self._append(self._decode_step(flush=False))
+            # the text of the first min_tokens ids may not hold a stop string
+            if added and self.stop and len(self._token_ids) > self.min_tokens:
+                stop = self._check_stop_strings(added)
+                if stop is not None:
+                    return stop
         if stop_terminated:
-            added += self._append(self._decode_step(flush=True))
-        if not self.stop or added == 0:
-            return None
-        return self._check_stop_strings(added)
+            self._token_ids.append(new_token_ids[-1])
+            added = self._append(self._decode_step(flush=True))
+            if added and self.stop and len(self._token_ids) > self.min_tokens:
+                return self._check_stop_strings(added)
+        return None
 
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
         """Text to report now: only the unsent part if `delta`, else all of it.

@@ -125,8 +125,22 @@ class OutputProcessor:
                 state.prompt_logprobs.extend(self._to_logprobs(eco.new_prompt_logprobs))
             if eco.first_scheduled_time is not None:
                 state.queue_time = max(eco.first_scheduled_time - state.arrival_time, 0.0)
-            if eco.new_token_ids:
-                stats.num_generation_tokens += len(eco.new_token_ids)
+            finish_reason, stop_reason = eco.finish_reason, eco.stop_reason
+            new_ids = eco.new_token_ids
+            if state.detokenizer is not None and new_ids:
+                before = state.detokenizer.num_output_tokens
+                stop_str = state.detokenizer.update(new_ids, finish_reason == str(FinishReason.STOP))
+                if stop_str is not None:
+                    # Several ids in one step (accepted speculative drafts): those after the one that
+                    # completed the stop string are dropped, as if the ids had come one step at a time.
+                    kept = state.detokenizer.num_output_tokens - before
+                    if finish_reason is None or kept < len(new_ids):
+                        if finish_reason is None:
+                            reqs_to_abort.append(eco.request_id)
+                        finish_reason, stop_reason = str(FinishReason.STOP), stop_str
+                    new_ids = new_ids[:kept]
+            if new_ids:
+                stats.num_generation_tokens += len(new_ids)
                 if state.first_token_time is None:
                     state.first_token_time = now
                     stats.time_to_first_tokens.append(now - state.arrival_time)
@@ -134,18 +148,12 @@ class OutputProcessor:
                 else:
                     stats.inter_token_latencies.append(now - (state.last_token_time or now))
                 state.last_token_time = now
-                state.token_ids.extend(eco.new_token_ids)
+                state.token_ids.extend(new_ids)
                 if eco.new_logprobs is not None and state.logprobs is not None:
-                    new = self._to_logprobs(eco.new_logprobs)
+                    new = self._to_logprobs(eco.new_logprobs)[:len(new_ids)]
                     state.logprobs.extend(new)
-                    for token_id, position in zip(eco.new_token_ids, new):
+                    for token_id, position in zip(new_ids, new):
                         state.cumulative_logprob += position[token_id].logprob
-            finish_reason, stop_reason = eco.finish_reason, eco.stop_reason
-            if state.detokenizer is not None and eco.new_token_ids:
-                stop_str = state.detokenizer.update(eco.new_token_ids, finish_reason == str(FinishReason.STOP))
-                if stop_str is not None and finish_reason is None:
-                    finish_reason, stop_reason = str(FinishReason.STOP), stop_str
-                    reqs_to_abort.append(eco.request_id)
             if finish_reason is not None:
                 state.finish_reason, state.stop_reason = finish_reason, stop_reason
             finished = finish_reason is not None
