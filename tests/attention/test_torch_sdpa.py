@@ -50,7 +50,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int, windo
 
 
 def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0, window: int = 0,
-             softcap: float | None = None) -> None:
+             softcap: float | None = None, decode_rows_below: int = 0) -> None:
     """specs: (tokens already cached, tokens computed this step) per request."""
     gen = torch.Generator().manual_seed(seed)
     kv_cache = torch.randn(get_kv_cache_shape(NUM_BLOCKS, BS, H_KV, D), generator=gen).to(dtype)
@@ -82,7 +82,8 @@ def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0, wi
     key = torch.cat([k[c:] for k, (c, _) in zip(full_k, specs)])
     value = torch.cat([v[c:] for v, (c, _) in zip(full_v, specs)])
     # a model with global and sliding layers: one view of the step per window
-    metadata = build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, BS, windows=(0, window))
+    metadata = build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, BS, windows=(0, window),
+                              decode_rows_below=decode_rows_below)
     out = paged_attention(query, key, value, kv_cache, metadata, D ** -0.5, window=window, softcap=softcap)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     for r, (ctx, n) in enumerate(specs):
@@ -116,6 +117,47 @@ def test_paged_attention_matches_reference(specs, dtype):
 def test_sliding_window_and_softcap_match_reference(specs, dtype, window, softcap):
     """Keys in (p - window, p] only, soft-capped scores; blocks behind every window hold NaN."""
     run_step(specs, dtype, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("specs", [
+    [(0, 13)],  # a first chunk across the position where prompt tokens stop being decode rows
+    [(0, 13), (5, 8), (12, 3), (0, 2), (9, 1)],  # chunks before, across and past it, beside a decode
+])
+def test_prompt_tokens_as_decode_rows_match_reference(specs, dtype, window):
+    run_step(specs, dtype, window=window, decode_rows_below=10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prompt_rows_same_bits_in_any_chunking(decode_path, dtype):
+    """Below `decode_rows_below`, a prompt token's attention output is the same bits however the prompt
+    is cut into chunks, and the same as the decode row at its position (SDPA's bits depend on the
+    chunk boundaries: what a request generated depended on the step budget and its batch)."""
+    if decode_path == "torch":
+        pytest.skip("prompt tokens run as decode rows only through the C++ kernel")
+    length, below = 300, 260
+    gen = torch.Generator().manual_seed(3)
+    keys = torch.randn(length, H_KV, D, generator=gen).to(dtype)
+    values = torch.randn(length, H_KV, D, generator=gen).to(dtype)
+    query = torch.randn(length, H, D, generator=gen).to(dtype)
+    block_table = torch.randperm(NUM_BLOCKS, generator=gen)[:-(-length // BS)][None]
+
+    def attend(cuts: list[int]) -> torch.Tensor:
+        kv_cache = torch.zeros(get_kv_cache_shape(NUM_BLOCKS, BS, H_KV, D), dtype=dtype)
+        out = []
+        for start, end in zip(cuts[:-1], cuts[1:]):
+            positions = torch.arange(start, end)
+            slot_mapping = block_table[0, positions // BS] * BS + positions % BS
+            metadata = build_metadata(torch.tensor([0, end - start]), torch.tensor([end]), block_table, slot_mapping,
+                                      BS, decode_rows_below=below)
+            out.append(paged_attention(query[start:end], keys[start:end], values[start:end], kv_cache, metadata,
+                                       D ** -0.5))
+        return torch.cat(out)
+
+    whole = attend([0, length])
+    for cuts in ([0, 37, 100, 101, 256, length], [0, 64, 128, 192, 256, length], list(range(length + 1))):
+        assert torch.equal(attend(cuts)[:below], whole[:below]), cuts
 
 
 def test_kv_written_through_slot_mapping():

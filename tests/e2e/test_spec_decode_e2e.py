@@ -123,6 +123,25 @@ def test_preemption_identical(prompts):
     _assert_no_leak(spec)
 
 
+def test_default_dtype_greedy_identical_in_any_chunking_and_with_speculation(prompts):
+    """bf16 (the default for the GGUF): int8 activations turn last-bit differences into other tokens, so
+    the prompt's attention must be the same bits however the prompt was chunked: by the step budget,
+    the batch beside it, or the drafts taking part of the budget (SDPA's were not)."""
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    whole = LLM(max_num_batched_tokens=1024)
+    alone = [_tokens(whole.generate([b], params, use_tqdm=False))[0] for b in batch]
+    assert _tokens(whole.generate(batch, params, use_tqdm=False)) == alone
+    del whole
+    chunked = LLM(max_num_batched_tokens=48)
+    assert _tokens(chunked.generate(batch, params, use_tqdm=False)) == alone
+    del chunked
+    spec = LLM(max_num_batched_tokens=48, speculative_config=SPEC)
+    assert _tokens(spec.generate(batch, params, use_tqdm=False)) == alone
+    assert spec.llm_engine.engine_core.make_stats().spec_decoding.num_accepted_tokens > 20
+    _assert_no_leak(spec)
+
+
 def test_seeded_sampling_independent_of_batch(llm_spec, prompts):
     seeded = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=1234)
     others = SamplingParams(temperature=1.0, max_tokens=30)

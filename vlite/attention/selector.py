@@ -23,6 +23,7 @@ class TorchSDPABackend:
     """The CPU backend's module functions behind the backend interface."""
 
     name = "TORCH_SDPA"
+    prefill_decode_rows_below = torch_sdpa.PREFILL_DECODE_ROWS_BELOW
     get_kv_cache_shape = staticmethod(torch_sdpa.get_kv_cache_shape)
     load_kernels = staticmethod(torch_sdpa.load_kernels)
 
@@ -30,9 +31,10 @@ class TorchSDPABackend:
     def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                        slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
                        max_query_len: Optional[int] = None,
-                       max_decode_query_len: Union[int, torch.Tensor] = 1) -> torch_sdpa.TorchSDPAMetadata:
+                       max_decode_query_len: Union[int, torch.Tensor] = 1,
+                       decode_rows_below: int = 0) -> torch_sdpa.TorchSDPAMetadata:
         return torch_sdpa.build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, block_size, windows,
-                                         max_decode_query_len)
+                                         max_decode_query_len, decode_rows_below)
 
 
 BACKENDS = ("TORCH_SDPA", "TRITON_ATTN")

@@ -47,6 +47,18 @@ from vlite.utils import group_offsets
 _decode_kernel = None
 
 
+# Prompt tokens at positions below this run as decode rows through the C++ kernel (each row its own
+# causal keys), not as SDPA prefill chunks: a token's attention output is then the same bits however
+# its prompt was cut into chunks, and the same as a decode or speculative verify row at its position.
+# SDPA's bits depend on the chunk boundaries (its GEMM tiles treat a chunk's last rows apart); with
+# bf16 activations quantized to int8 those last-bit differences change greedy outputs (6 of 12 chat
+# prompts prefilled in 64-token chunks vs in one), so a batch's composition, the step budget or
+# speculative drafts taking part of it changed what a request generated. Past this position SDPA's
+# speed on long prompts wins (per layer, 2 cores: the kernel costs as much as SDPA up to ~512
+# prompt tokens on AVX2, 2.6x at 512 and 3.7x at 1024 with AMX).
+PREFILL_DECODE_ROWS_BELOW = 1024
+
+
 def load_kernels() -> None:
     """Compile/load the optional C++ decode kernel now rather than in the first step."""
     global _decode_kernel
@@ -153,7 +165,8 @@ def _build_prefill_chunks(rows: torch.Tensor, query_start_loc: torch.Tensor, que
 
 def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                    slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
-                   max_decode_query_len: Union[int, torch.Tensor] = 1) -> TorchSDPAMetadata:
+                   max_decode_query_len: Union[int, torch.Tensor] = 1,
+                   decode_rows_below: int = 0) -> TorchSDPAMetadata:
     """All inputs are CPU int tensors for the scheduled requests of this step, in batch order.
 
     `windows`: the distinct attention windows of the model's layers (0: full causal attention); one
@@ -162,28 +175,37 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
     to that many tokens runs as that many decode rows, query i seeing the keys up to its own position
     (causal), since every K/V of the step is written before any query reads. The runner gives each
     request 1 + its drafts, so a short prompt chunk stays a prefill, computed as without speculation.
+    `decode_rows_below` > 0 (with the C++ kernel loaded): the tokens of a prompt chunk at positions below
+    it run as decode rows too (see PREFILL_DECODE_ROWS_BELOW).
     """
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     is_decode = query_lens <= max_decode_query_len
-    decode_rows = torch.nonzero(is_decode).flatten()
-    prefill_rows = torch.nonzero(~is_decode).flatten()
-    if decode_rows.numel() and bool((query_lens[decode_rows] > 1).any()):
+    # Each request's first `num_decode` tokens of the step are decode rows, the rest one prefill chunk.
+    num_decode = torch.where(is_decode, query_lens, 0)
+    if decode_rows_below > 0 and _decode_kernel is not None and not bool(is_decode.all()):
+        context = seq_lens - query_lens
+        num_decode = torch.where(is_decode, query_lens, (decode_rows_below - context).clamp(0).minimum(query_lens))
+    decode_rows = torch.nonzero(num_decode).flatten()
+    prefill_rows = torch.nonzero(num_decode < query_lens).flatten()
+    if decode_rows.numel() and bool((num_decode[decode_rows] > 1).any()):
         # One row per token: its index in the step, the seq_len it sees, its request's block table row.
-        q_lens = query_lens[decode_rows].numpy()
-        owner = torch.from_numpy(np.repeat(decode_rows.numpy(), q_lens))
-        within = torch.from_numpy(group_offsets(q_lens))
+        n_dec = num_decode[decode_rows].numpy()
+        owner = torch.from_numpy(np.repeat(decode_rows.numpy(), n_dec))
+        within = torch.from_numpy(group_offsets(n_dec))
         decode_starts = query_start_loc[owner] + within
         decode_seq_lens = seq_lens[owner] - query_lens[owner] + 1 + within
         decode_table = block_table[owner]
         decode_rows = torch.arange(owner.numel())
     else:
         decode_starts, decode_seq_lens, decode_table = query_start_loc[:-1], seq_lens, block_table
+    # a chunk's prefill part starts after its decode rows
+    prefill_starts, prefill_lens = query_start_loc[:-1] + num_decode, query_lens - num_decode
     views = [TorchSDPAMetadata(
         num_actual_tokens=int(query_start_loc[-1]),
         slot_mapping=slot_mapping,
         decode=(_build_decode_group(decode_rows, decode_starts, decode_seq_lens, decode_table, block_size, window)
                 if decode_rows.numel() else None),
-        prefills=_build_prefill_chunks(prefill_rows, query_start_loc[:-1], query_lens, seq_lens, block_table,
+        prefills=_build_prefill_chunks(prefill_rows, prefill_starts, prefill_lens, seq_lens, block_table,
                                        block_size, window),
         window=window) for window in dict.fromkeys(windows)]
     views[0].others = {v.window: v for v in views[1:]}

@@ -48,6 +48,7 @@ class TritonAttentionBackend:
     """The backend interface the runner uses (see vlite.attention.selector)."""
 
     name = "TRITON_ATTN"
+    prefill_decode_rows_below = 0  # the CPU backend's prompt tokens as decode rows: not used here
     get_kv_cache_shape = staticmethod(get_kv_cache_shape)
 
     @staticmethod
@@ -57,8 +58,10 @@ class TritonAttentionBackend:
     @staticmethod
     def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                        slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
-                       max_query_len: Optional[int] = None, max_decode_query_len: int = 1) -> TritonAttentionMetadata:
-        """The inputs on the device already; `max_query_len` from the host (None: read back, a sync)."""
+                       max_query_len: Optional[int] = None, max_decode_query_len: int = 1,
+                       decode_rows_below: int = 0) -> TritonAttentionMetadata:
+        """The inputs on the device already; `max_query_len` from the host (None: read back, a sync).
+        `decode_rows_below` (the CPU backend's prompt tokens as decode rows) does not apply here."""
         if max_query_len is None:
             max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
         return TritonAttentionMetadata(int(slot_mapping.shape[0]), slot_mapping, query_start_loc, seq_lens,
