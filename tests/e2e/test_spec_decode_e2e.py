@@ -123,14 +123,17 @@ def test_preemption_identical(prompts):
     _assert_no_leak(spec)
 
 
-def test_default_dtype_greedy_identical_in_any_chunking_and_with_speculation(prompts):
+def test_default_dtype_identical_in_any_chunking_and_with_speculation(prompts):
     """bf16 (the default for the GGUF): int8 activations turn last-bit differences into other tokens, so
     the prompt's attention must be the same bits however the prompt was chunked: by the step budget,
-    the batch beside it, or the drafts taking part of the budget (SDPA's were not)."""
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    the batch beside it, or the drafts taking part of the budget (SDPA's were not). Greedy requests, and
+    seeded sampled ones (their tokens depend on nothing but their logits)."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    params = [greedy if i % 2 else SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=32, ignore_eos=True)
+              for i in range(len(prompts))]
     batch = [{"prompt_token_ids": p} for p in prompts]
     whole = LLM(max_num_batched_tokens=1024)
-    alone = [_tokens(whole.generate([b], params, use_tqdm=False))[0] for b in batch]
+    alone = [_tokens(whole.generate([b], p, use_tqdm=False))[0] for b, p in zip(batch, params)]
     assert _tokens(whole.generate(batch, params, use_tqdm=False)) == alone
     del whole
     chunked = LLM(max_num_batched_tokens=48)
