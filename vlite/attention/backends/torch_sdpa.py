@@ -6,6 +6,8 @@ each request's K/V back through its block table. Requests are split in two group
   decodes  (query_len == 1):  one batched call, q [Nd, H, 1, D] x K/V gathered [Nd, H_kv, Ld, D]
   prefills (query_len  > 1):  one SDPA call per request, q [1, H, Q_i, D] x its K/V [1, H_kv, L_i, D]
 
+(with the C++ kernel, decode rows also include speculative verify chunks and a prompt's tokens below
+PREFILL_DECODE_ROWS_BELOW, one row per token; prefills are then what is left of a chunk past it),
 so a step mixing a long prompt chunk with many decodes does not pad every decode to the chunk,
 and prompt chunks of different lengths are not padded to the longest (at 13 prompts of 64-256
 tokens, padding more than doubled the prefill attention work). A chunk that starts its sequence
