@@ -4,9 +4,10 @@
     get_attn_backend(cuda)  -> TritonAttentionBackend (vlite.attention.backends.triton_attn: imports triton)
 
 The GPU backend is imported lazily, so CPU users never import Triton. A backend has
-get_kv_cache_shape, load_kernels and build_metadata (same inputs on both; the CPU one ignores
-max_query_len, the Triton one max_decode_query_len: its kernel takes speculative verify chunks as the
-causal chunks they are); the layers call paged_attention here with whichever metadata the runner built.
+get_kv_cache_shape, load_kernels, prefill_decode_rows_below and build_metadata (same inputs on both;
+the CPU one ignores max_query_len, the Triton one max_decode_query_len: its kernel takes speculative
+verify chunks as the causal chunks they are, and decode_rows_below); the layers call paged_attention
+here with whichever metadata the runner built.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class TorchSDPABackend:
     """The CPU backend's module functions behind the backend interface."""
 
     name = "TORCH_SDPA"
-    prefill_decode_rows_below = torch_sdpa.PREFILL_DECODE_ROWS_BELOW
+    prefill_decode_rows_below = staticmethod(torch_sdpa.prefill_decode_rows_below)
     get_kv_cache_shape = staticmethod(torch_sdpa.get_kv_cache_shape)
     load_kernels = staticmethod(torch_sdpa.load_kernels)
 

@@ -93,12 +93,11 @@ class ModelRunner:
         self.tp = get_tp_group()  # tensor parallelism: rank 0 samples, the others take its tokens
         self.attention_windows = arch.attention_windows  # one attention-metadata view per window, each step
         self.attn_backend.load_kernels()
-        # Prompt tokens as decode rows below this position, where the backend's decode kernel takes the
-        # layer's attention (no logit soft-capping), so that what a request generates does not depend on
-        # how its prompt was chunked (torch_sdpa.PREFILL_DECODE_ROWS_BELOW).
-        self.prefill_decode_rows_below = (
-            self.attn_backend.prefill_decode_rows_below if arch.attn_logit_softcapping is None
-            and dtype in (torch.float32, torch.bfloat16) and arch.head_dim % 16 == 0 and arch.head_dim <= 256 else 0)
+        # Prompt tokens as decode rows below this position (where the backend's decode kernel takes the
+        # layer's attention), so that what a request generates does not depend on how its prompt was
+        # chunked (torch_sdpa.PREFILL_DECODE_ROWS_BELOW).
+        self.prefill_decode_rows_below = self.attn_backend.prefill_decode_rows_below(
+            dtype, arch.head_dim, arch.attn_logit_softcapping)
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(arch.num_hidden_layers)]
         max_blocks_per_req = -(-(max_model_len + 1) // block_size)

@@ -30,7 +30,10 @@ def load() -> Optional[Any]:
     return _custom_ops.load()
 
 
+def supports(dtype: torch.dtype, head_dim: int) -> bool:
+    """Dtypes and head sizes the kernel handles (head_dim a multiple of 16, at most 256)."""
+    return dtype in (torch.bfloat16, torch.float32) and head_dim % 16 == 0 and head_dim <= 256
+
+
 def can_run(query: torch.Tensor) -> bool:
-    """Shapes and dtypes the kernel handles (head_dim a multiple of 16, at most 256)."""
-    head_dim = query.shape[-1]
-    return query.dtype in (torch.bfloat16, torch.float32) and head_dim % 16 == 0 and head_dim <= 256
+    return supports(query.dtype, query.shape[-1])

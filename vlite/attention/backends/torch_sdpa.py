@@ -61,6 +61,13 @@ _decode_kernel = None
 PREFILL_DECODE_ROWS_BELOW = 1024
 
 
+def prefill_decode_rows_below(dtype: torch.dtype, head_dim: int, softcap: Optional[float]) -> int:
+    """PREFILL_DECODE_ROWS_BELOW for a model whose attention the C++ kernel takes (its dtype and head
+    size, no logit soft-capping: that runs on the torch path), else 0 (build_metadata's
+    `decode_rows_below`)."""
+    return PREFILL_DECODE_ROWS_BELOW if softcap is None and cpu_decode_attention.supports(dtype, head_dim) else 0
+
+
 def load_kernels() -> None:
     """Compile/load the optional C++ decode kernel now rather than in the first step."""
     global _decode_kernel

@@ -48,8 +48,12 @@ class TritonAttentionBackend:
     """The backend interface the runner uses (see vlite.attention.selector)."""
 
     name = "TRITON_ATTN"
-    prefill_decode_rows_below = 0  # the CPU backend's prompt tokens as decode rows: not used here
     get_kv_cache_shape = staticmethod(get_kv_cache_shape)
+
+    @staticmethod
+    def prefill_decode_rows_below(dtype: torch.dtype, head_dim: int, softcap: Optional[float]) -> int:
+        """The CPU backend's prompt tokens as decode rows: not used here."""
+        return 0
 
     @staticmethod
     def load_kernels() -> None:
