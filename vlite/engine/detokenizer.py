@@ -111,17 +111,12 @@ class IncrementalDetokenizer:
         for token_id in to_decode:
             self._token_ids.append(token_id)
             self._window.append(token_id)
-            added = self._append(self._decode_step(flush=False))
-            # the text of the first min_tokens ids may not hold a stop string
-            if added and self.stop and len(self._token_ids) > self.min_tokens:
-                stop = self._check_stop_strings(added)
-                if stop is not None:
-                    return stop
+            stop = self._stop_in_new_text(self._append(self._decode_step(flush=False)))
+            if stop is not None:
+                return stop
         if stop_terminated:
             self._token_ids.append(new_token_ids[-1])
-            added = self._append(self._decode_step(flush=True))
-            if added and self.stop and len(self._token_ids) > self.min_tokens:
-                return self._check_stop_strings(added)
+            return self._stop_in_new_text(self._append(self._decode_step(flush=True)))
         return None
 
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
@@ -133,9 +128,7 @@ class IncrementalDetokenizer:
         if finished and self.stop_str_hit is None:
             # Release text held behind bytes that never completed (those become U+FFFD). It may still hold a
             # stop string: truncate as usual; the caller can read `stop_str_hit` to learn of it.
-            added = self._append(self._decode_step(flush=True))
-            if added and self.stop and self.num_output_tokens > self.min_tokens:
-                self._check_stop_strings(added)
+            self._stop_in_new_text(self._append(self._decode_step(flush=True)))
         length = self._num_chars if finished else max(0, self._num_chars - self._stop_buffer_length)
         if not delta:
             text = self.output_text
@@ -185,6 +178,13 @@ class IncrementalDetokenizer:
             parts.append(chunk)
             n -= len(chunk)
         return "".join(reversed(parts))
+
+    def _stop_in_new_text(self, added: int) -> str | None:
+        """The stop string the last `added` chars complete (the text truncated there), if any; the text of
+        the first min_tokens ids may not hold one."""
+        if not added or not self.stop or len(self._token_ids) <= self.min_tokens:
+            return None
+        return self._check_stop_strings(added)
 
     def _check_stop_strings(self, added: int) -> str | None:
         """Find the stop string that completes first within the last `added` chars; truncate there.
