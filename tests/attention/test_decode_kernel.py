@@ -91,6 +91,35 @@ def test_decode_rows_same_bits_alone_or_batched(isa, dtype):
         assert torch.equal(alone[0], batched[i]), i
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d,h,h_kv", [(64, 9, 3), (128, 4, 2)])
+def test_prompt_rows_grouped_same_bits_as_alone(isa, dtype, d, h, h_kv):
+    """A prompt's rows (one sequence's consecutive positions, read in groups that share each key
+    block) beside another request's rows of the same lengths on other blocks and a windowed call:
+    every row the bits it gets alone, and close to float64 attention."""
+    ops = _custom_ops.load(isa)
+    g = torch.Generator().manual_seed(11)
+    key_cache = torch.randn(h_kv, NUM_BLOCKS * 2, BS, d, generator=g).to(dtype)
+    value_cache = torch.randn(h_kv, NUM_BLOCKS * 2, BS, d, generator=g).to(dtype)
+    tables = torch.randperm(NUM_BLOCKS * 2, generator=g)[:2 * 48].view(2, 48)
+    lens = list(range(1, 40)) + list(range(230, 300)) + list(range(500, 530)) + [300, 301, 302, 700, 701, 702]
+    owner = [0] * (len(lens) - 6) + [1, 1, 1, 0, 0, 0]
+    q = torch.randn(len(lens), h, d, generator=g).to(dtype)
+    table = tables[owner].contiguous()
+    for window in (0, 128):
+        args = (q, key_cache, value_cache, table, torch.tensor(lens), d ** -0.5)
+        batched = ops.paged_decode_attention(*args, window)
+        for i, length in enumerate(lens):
+            alone = ops.paged_decode_attention(q[i:i + 1], key_cache, value_cache, table[i:i + 1],
+                                               torch.tensor([length]), d ** -0.5, window)
+            assert torch.equal(alone[0], batched[i]), (window, i)
+        k = torch.stack([key_cache[:, table[i]].permute(1, 2, 0, 3).reshape(-1, h_kv, d) for i in range(len(lens))])
+        v = torch.stack([value_cache[:, table[i]].permute(1, 2, 0, 3).reshape(-1, h_kv, d) for i in range(len(lens))])
+        tol = 2e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(batched.double(), reference(q, k, v, lens, d ** -0.5, window), atol=tol, rtol=tol)
+
+
 def test_decode_kernel_rejects_bad_seq_lens():
     ops = _custom_ops.load()
     cache = torch.zeros(1, 4, BS, 64)

@@ -151,6 +151,28 @@ void pv_bf16(const float* s, int64_t ls, int64_t padded, const c10::BFloat16* vh
 }
 #endif
 
+// One query vector's softmax numerators over its scores sg[0, len), in place, 16 at a time: its max m
+// and the sum l of exp(s - m). Scores past len are padded with -inf up to a multiple of 16, whose exp
+// (clamped at e^-87, ~1e-38) adds nothing a float32 sum of at least 1 can hold. (Scalar exps of the
+// tail cost ~1 us per (request, kv head), as much as 100 keys.) attend_chunk and attend_group both
+// call this one function: a row's bits are the same in either.
+static inline void softmax_numerators(float* sg, int64_t len, float* m, float* l) {
+  const int64_t padded = (len + 15) / 16 * 16;
+  for (int64_t j = len; j < padded; ++j) sg[j] = -INFINITY;
+  Vec16 mv = Vec16::set1(-INFINITY);
+  for (int64_t j = 0; j < padded; j += 16) mv = vmax(mv, Vec16::load(sg + j));
+  const float mx = mv.max();
+  const Vec16 mm = Vec16::set1(mx);
+  Vec16 sum = Vec16::zero();
+  for (int64_t j = 0; j < padded; j += 16) {
+    const Vec16 e = vexp(Vec16::load(sg + j) - mm);
+    e.store(sg + j);
+    sum = sum + e;
+  }
+  *m = mx;
+  *l = sum.sum();
+}
+
 // Query heads [0, GB) of one (request, kv head) against keys [j0, j1): the running max m, the sum
 // of exp(s - m) l and the unnormalized output acc (GB x D), for the caller to normalize or merge.
 // qf: the queries times the scale, as float32; qraw: the same queries as given (the bf16 dot path);
@@ -214,26 +236,8 @@ void attend_chunk(const float* qf, const T* qraw, float scale, const T* kh, cons
       for (int g = 0; g < GB; ++g) reduce16(part[g]).store(s + g * ls + jb);
     }
   }
-  // Softmax numerators in place, 16 at a time: scores past len padded with -inf, whose exp (clamped
-  // at e^-87, ~1e-38) adds nothing a float32 sum of at least 1 can hold. (Scalar exps of the tail
-  // cost ~1 us per (request, kv head), as much as 100 keys.)
   const int64_t padded = (len + 15) / 16 * 16;
-  for (int g = 0; g < GB; ++g) {
-    float* sg = s + g * ls;
-    for (int64_t j = len; j < padded; ++j) sg[j] = -INFINITY;
-    Vec16 mv = Vec16::set1(-INFINITY);
-    for (int64_t j = 0; j < padded; j += 16) mv = vmax(mv, Vec16::load(sg + j));
-    const float mx = mv.max();
-    const Vec16 mm = Vec16::set1(mx);
-    Vec16 sum = Vec16::zero();
-    for (int64_t j = 0; j < padded; j += 16) {
-      const Vec16 e = vexp(Vec16::load(sg + j) - mm);
-      e.store(sg + j);
-      sum = sum + e;
-    }
-    m[g] = mx;
-    l[g] = sum.sum();
-  }
+  for (int g = 0; g < GB; ++g) softmax_numerators(s + g * ls, len, m + g, l + g);
 #if defined(VLITE_AVX512) && defined(__AVX512BF16__)
   if constexpr (kBf16Dot<T>) {
     pv_bf16<NV, GB>(s, ls, padded, vh, blocks, BS, j0, len, acc);
@@ -278,14 +282,112 @@ void attend_heads(const float* qf, const T* qraw, float scale, int64_t G, const 
   }
 }
 
+// The next cnt rows of a cache as float32 rows: float32 caches' rows in place, bf16 ones converted
+// once into buf (cnt x D) for every query vector that reads them.
+template <int NV, typename T>
+static inline void float32_rows(const T* cache, SlotCursor& cur, int64_t cnt, float* buf, const float** rows) {
+  constexpr int64_t D = NV * 16;
+  for (int64_t k = 0; k < cnt; ++k) {
+    const T* p = cache + cur.next() * D;
+    if constexpr (std::is_same_v<T, float>) {
+      rows[k] = p;
+    } else {
+      for (int c = 0; c < NV; ++c) Vec16::load(p + c * 16).store(buf + k * D + c * 16);
+      rows[k] = buf + k * D;
+    }
+  }
+}
+
+// Float32 arithmetic (any build but AVX512_BF16 with a bf16 cache) for QB query vectors of one kv
+// head: the query heads of several rows of one sequence (a verify step's, a prompt's), against keys
+// j0, j0 + 1, ...: vector v sees len[v] of them. Each block of 16 keys (and values) is converted to
+// float32 once for all the rows, not once per row; otherwise every vector gets the operations of
+// attend_chunk, in its order (scores, softmax, P.V), so its bits are those it gets alone.
+// Outputs per vector as attend_chunk's; qf: QB x D; s: scratch of QB rows of ls >= max(len) + 16.
+template <int NV, typename T>
+void attend_group(const float* qf, const T* kh, const T* vh, const int64_t* blocks,
+                  int64_t BS, int64_t j0, const int64_t* len, int64_t QB, float* s, int64_t ls, float* m, float* l,
+                  float* acc) {
+  constexpr int64_t D = NV * 16;
+  int64_t lmax = 0;
+  for (int64_t v = 0; v < QB; ++v) lmax = std::max(lmax, len[v]);
+  alignas(64) float part[256];
+  SlotCursor ks(blocks, BS, j0);
+  {
+    alignas(64) float kf[16 * D];
+    const float* krow[16];
+    for (int64_t jb = 0; jb < lmax; jb += 16) {  // scores of 16 keys, then 16 horizontal sums at once
+      const int64_t cnt = std::min<int64_t>(16, lmax - jb);
+      float32_rows<NV>(kh, ks, cnt, kf, krow);
+      for (int64_t v = 0; v < QB; ++v) {
+        if (jb >= len[v]) continue;
+        Vec16 qv[NV];
+        for (int c = 0; c < NV; ++c) qv[c] = Vec16::load(qf + v * D + c * 16);
+        for (int64_t k = 0; k < cnt; ++k) {
+          const float* kp = krow[k];
+          Vec16 a = qv[0] * Vec16::load(kp);
+          for (int c = 1; c < NV; ++c) a = fmadd(qv[c], Vec16::load(kp + c * 16), a);
+          a.store(part + 16 * k);
+        }
+        // all 16 sums (lanes past cnt are scratch, overwritten below): s has 16 floats of room past len
+        reduce16(part).store(s + v * ls + jb);
+      }
+    }
+  }
+  for (int64_t v = 0; v < QB; ++v) softmax_numerators(s + v * ls, len[v], m + v, l + v);
+  std::fill(acc, acc + QB * D, 0.f);
+  alignas(64) float vf[16 * D];
+  const float* vrow[16];
+  SlotCursor vs(blocks, BS, j0);
+  for (int64_t jb = 0; jb < lmax; jb += 16) {
+    const int64_t cnt = std::min<int64_t>(16, lmax - jb);
+    float32_rows<NV>(vh, vs, cnt, vf, vrow);
+    for (int64_t v = 0; v < QB; ++v) {
+      const int64_t n = std::min<int64_t>(cnt, len[v] - jb);
+      if (n <= 0) continue;
+      float* av = acc + v * D;
+      Vec16 a[NV];
+      for (int c = 0; c < NV; ++c) a[c] = Vec16::load(av + c * 16);
+      const float* sg = s + v * ls + jb;
+      for (int64_t k = 0; k < n; ++k) {
+        const Vec16 p = Vec16::set1(sg[k]);
+        for (int c = 0; c < NV; ++c) a[c] = fmadd(p, Vec16::load(vrow[k] + c * 16), a[c]);
+      }
+      for (int c = 0; c < NV; ++c) a[c].store(av + c * 16);
+    }
+  }
+}
+
 // Head sizes 64, 128, 256 (NV = D / 16): registers sized at compile time, 16 horizontal sums at a
-// time, and a sequence's keys in chunks of at least kSplitKeys (up to kMaxSplit of them), merged
-// flash-decoding style, so that one request with 3 kv heads still gives 2 threads even work. The
-// chunks depend on the row's own length only, never on the batch or the thread count: a row's
-// output is then the same bits in any step, and a speculative verify step's rows are computed as the
-// decodes they stand for (the split was by batch size: a 1-row decode split where a 9-row verify step
-// did not, and int8 activations magnified the last-bit difference to 0.04-0.09 nats).
-constexpr int64_t kSplitKeys = 128, kMaxSplit = 8;
+// time, and a sequence's keys in chunks (up to kMaxSplit of them, of at least kSplitKeys keys),
+// merged flash-decoding style, so that one request with 3 kv heads still gives 2 threads even work.
+// A row's chunks depend on its own length only, never on the batch or the thread count: its output
+// is then the same bits in any step, and a speculative verify step's or a prompt's rows are computed
+// as the decodes they stand for (the split was by batch size: a 1-row decode split where a 9-row
+// verify step did not, and int8 activations magnified the last-bit difference to 0.04-0.09 nats).
+// Inner chunk bounds fall on multiples of 16 keys, so consecutive rows of one sequence (a verify
+// step's, a prompt's) mostly share them and run as one group: up to kGroupRows rows whose query
+// vectors share every key block read (the last chunk of each row ends at the row's own length).
+constexpr int64_t kSplitKeys = 128, kMaxSplit = 8, kGroupRows = 4;
+
+// Where rows gain from sharing key blocks: bf16 caches on the float32 path (one conversion of each block
+// for all rows, not one per row: a 9-row verify step at 300 keys 1.22x, prompts of 128-1024 tokens
+// 1.25-1.40x on AVX2) and float32 caches on AVX2 (1.16-1.30x: the per-row path's accumulators do not
+// fit its 16 registers). Not vdpbf16ps (it reads bf16 keys as they are) nor AVX-512 with a float32
+// cache (0.84-0.92x at 9-32 rows: its per-row path keeps queries and accumulators in 32 registers).
+template <typename T>
+#if defined(VLITE_AVX512)
+constexpr bool kShareKeyBlocks = !kBf16Dot<T> && !std::is_same_v<T, float>;
+#else
+constexpr bool kShareKeyBlocks = true;
+#endif
+
+// key p of a row's chunk bounds: [first, ..., first + cnt] over S chunks
+static inline int64_t chunk_bound(int64_t first, int64_t cnt, int64_t S, int64_t p) {
+  if (p == 0) return first;
+  if (p == S) return first + cnt;
+  return first + (cnt * p / S + 15) / 16 * 16;
+}
 
 template <int NV, typename T>
 void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* sl, T* out,
@@ -293,39 +395,92 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
                            int64_t window) {
   constexpr int64_t D = NV * 16;
   const int64_t G = H / HKV;
-  // per row: its key chunks, and where its (kv head, chunk) units start (kv head-major within the row)
-  std::vector<int64_t> splits(N), first_unit(N + 1, 0);
+  // per row: its first key, key count and chunks; where its (kv head, chunk) partial results start
+  // one allocation (small steps: a decode row per layer spends ~1 us on set-up)
+  std::vector<int64_t> work(7 * N + 3, 0);
+  int64_t *first = work.data(), *cnt = first + N, *splits = cnt + N, *row_unit = splits + N;  // row_unit: N + 1
+  int64_t *group_row = row_unit + N + 1, *group_table = group_row + N + 1, *group_unit = group_table + N;  // N + 1
   for (int64_t n = 0; n < N; ++n) {
-    const int64_t len = window > 0 ? std::min(sl[n], window) : sl[n];
-    splits[n] = std::max<int64_t>(1, std::min(kMaxSplit, len / kSplitKeys));
-    first_unit[n + 1] = first_unit[n] + HKV * splits[n];
+    first[n] = window > 0 ? std::max<int64_t>(0, sl[n] - window) : 0;
+    cnt[n] = sl[n] - first[n];
+    splits[n] = std::max<int64_t>(1, std::min(kMaxSplit, cnt[n] / kSplitKeys));
+    row_unit[n + 1] = row_unit[n] + HKV * splits[n];
   }
-  const int64_t units = first_unit[N];
-  const bool any_split = units > N * HKV;
-  std::vector<float> pm(any_split ? units * G : 0), pl(any_split ? units * G : 0), pacc(any_split ? units * G * D : 0);
+  // rows that may share key reads: same first key (0), the same chunk bounds but the last, the same
+  // blocks for every key either of them reads (rows of one sequence)
+  auto joins = [&](int64_t a, int64_t b) {
+    if (!kShareKeyBlocks<T>) return false;
+    if (first[a] != 0 || first[b] != 0 || splits[a] != splits[b]) return false;
+    for (int64_t p = 1; p < splits[a]; ++p)
+      if (chunk_bound(0, cnt[a], splits[a], p) != chunk_bound(0, cnt[b], splits[b], p)) return false;
+    const int64_t nblocks = (std::max(sl[a], sl[b]) + BS - 1) / BS;
+    return std::memcmp(bt + a * MB, bt + b * MB, nblocks * sizeof(int64_t)) == 0;
+  };
+  // groups: runs of rows that join the run's first row, cut into near-equal pieces of at most
+  // kGroupRows rows; every piece reads the blocks through the run's first row's table
+  int64_t ngroups = 0;
+  for (int64_t n = 0; n < N;) {
+    int64_t e = n + 1;
+    while (e < N && joins(n, e)) ++e;
+    const int64_t pieces = (e - n + kGroupRows - 1) / kGroupRows;
+    for (int64_t i = 1; i <= pieces; ++i) {
+      group_table[ngroups] = n;
+      group_row[++ngroups] = n + (e - n) * i / pieces;
+    }
+    n = e;
+  }
+  for (int64_t g = 0; g < ngroups; ++g) group_unit[g + 1] = group_unit[g] + HKV * splits[group_row[g]];
+  const int64_t units = group_unit[ngroups];
+  const bool any_split = row_unit[N] > N * HKV;
+  std::vector<float> pm(any_split ? row_unit[N] * G : 0), pl(any_split ? row_unit[N] * G : 0),
+      pacc(any_split ? row_unit[N] * G * D : 0);
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(G * D), s, m(G), l(G), acc(G * D);
-    int64_t n = std::upper_bound(first_unit.begin(), first_unit.end(), begin) - first_unit.begin() - 1;
+    std::vector<float> qf, s, m, l, acc;
+    std::vector<int64_t> len;
+    int64_t gi = std::upper_bound(group_unit, group_unit + ngroups + 1, begin) - group_unit - 1;
     for (int64_t unit = begin; unit < end; ++unit) {
-      while (unit >= first_unit[n + 1]) ++n;
-      const int64_t S = splits[n], h = (unit - first_unit[n]) / S, part = (unit - first_unit[n]) % S, len = sl[n];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, cnt = len - first;
-      const int64_t j0 = first + cnt * part / S, j1 = first + cnt * (part + 1) / S;
-      s.resize(std::min<int64_t>(G, 4) * (j1 - j0 + 16));
-      const T* qp = q + (n * H + h * G) * D;
-      if constexpr (!kBf16Dot<T>)
-        for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float(qp[i]) * scale;
-      const bool direct = S == 1;
-      float* mo = direct ? m.data() : pm.data() + unit * G;
-      float* lo = direct ? l.data() : pl.data() + unit * G;
-      float* ao = direct ? acc.data() : pacc.data() + unit * G * D;
-      attend_heads<NV>(qf.data(), qp, scale, G, kc + h * NB * BS * D, vc + h * NB * BS * D, bt + n * MB, BS, j0, j1,
-                       s.data(), mo, lo, ao);
-      if (direct) {
-        T* op = out + (n * H + h * G) * D;
+      while (unit >= group_unit[gi + 1]) ++gi;
+      const int64_t r0 = group_row[gi], R = group_row[gi + 1] - r0, S = splits[r0];
+      const int64_t h = (unit - group_unit[gi]) / S, part = (unit - group_unit[gi]) % S, QB = R * G;
+      const int64_t j0 = chunk_bound(first[r0], cnt[r0], S, part);
+      qf.resize(QB * D); m.resize(QB); l.resize(QB); acc.resize(QB * D); len.resize(QB);
+      int64_t lmax = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t n = r0 + r, jn = chunk_bound(first[n], cnt[n], S, part + 1) - j0;
+        lmax = std::max(lmax, jn);
+        const T* qp = q + (n * H + h * G) * D;
+        for (int64_t g = 0; g < G; ++g) len[r * G + g] = jn;
+        if constexpr (!kBf16Dot<T>)
+          for (int64_t i = 0; i < G * D; ++i) qf[r * G * D + i] = to_float(qp[i]) * scale;
+      }
+      const int64_t ls = lmax + 16;
+      s.resize(QB * ls);
+      const T* kh = kc + h * NB * BS * D;
+      const T* vh = vc + h * NB * BS * D;
+      const int64_t* blocks = bt + group_table[gi] * MB;
+      if (R == 1)
+        attend_heads<NV>(qf.data(), q + (r0 * H + h * G) * D, scale, G, kh, vh, blocks, BS, j0, j0 + len[0], s.data(),
+                         m.data(), l.data(), acc.data());
+      else
+        attend_group<NV>(qf.data(), kh, vh, blocks, BS, j0, len.data(), QB, s.data(), ls, m.data(), l.data(),
+                         acc.data());
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t n = r0 + r;
+        if (S == 1) {  // the row's only chunk: its output
+          T* op = out + (n * H + h * G) * D;
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t v = r * G + g;
+            const Vec16 inv = Vec16::set1(1.f / l[v]);
+            for (int c = 0; c < NV; ++c) store16(op + g * D + c * 16, Vec16::load(acc.data() + v * D + c * 16) * inv);
+          }
+          continue;
+        }
+        const int64_t t = (row_unit[n] + h * S + part) * G;
         for (int64_t g = 0; g < G; ++g) {
-          const Vec16 inv = Vec16::set1(1.f / l[g]);
-          for (int c = 0; c < NV; ++c) store16(op + g * D + c * 16, Vec16::load(acc.data() + g * D + c * 16) * inv);
+          const int64_t v = r * G + g;
+          pm[t + g] = m[v];
+          pl[t + g] = l[v];
+          std::memcpy(pacc.data() + (t + g) * D, acc.data() + v * D, D * sizeof(float));
         }
       }
     }
@@ -335,7 +490,7 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t n = pair / HKV, h = pair % HKV, S = splits[n];
       if (S == 1) continue;
-      const int64_t t0 = first_unit[n] + h * S;
+      const int64_t t0 = row_unit[n] + h * S;
       T* op = out + (n * H + h * G) * D;
       for (int64_t g = 0; g < G; ++g) {
         float mx = -INFINITY;
