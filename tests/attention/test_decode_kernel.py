@@ -93,7 +93,7 @@ def test_decode_rows_same_bits_alone_or_batched(isa, dtype):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("d,h,h_kv", [(64, 9, 3), (128, 4, 2)])
+@pytest.mark.parametrize("d,h,h_kv", [(64, 9, 3), (128, 4, 2), (256, 4, 1)])
 def test_prompt_rows_grouped_same_bits_as_alone(isa, dtype, d, h, h_kv):
     """A prompt's rows (one sequence's consecutive positions, read in groups that share each key
     block) beside another request's rows of the same lengths on other blocks and a windowed call:
