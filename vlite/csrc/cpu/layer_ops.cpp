@@ -11,10 +11,6 @@
 namespace vlite {
 
 namespace {
-// Rows per thread at least: a few thousand values, so that the rows of a speculative verify step (or
-// a small decode batch) split over the threads instead of running on one while the others wait.
-static inline int64_t row_grain(int64_t values_per_row) { return std::max<int64_t>(1, 4096 / values_per_row); }
-
 template <typename T>
 void rms_norm_impl(const T* x, const T* w, T* y, int64_t rows, int64_t D, float eps) {
   at::parallel_for(0, rows, row_grain(D), [&](int64_t begin, int64_t end) {

@@ -159,8 +159,7 @@ void quantize_row(const T* x, int64_t K, int8_t* q, float* d, float* dsum, int32
 template <typename T>
 void quantize_rows(const T* x, int64_t M, int64_t K, bool precise, int8_t* q, float* d, float* dsum, int32_t* isum) {
   const int64_t nb = K / QK, per = precise ? 2 : 1;
-  // from ~4k values a thread: a verify step's 9 rows split over the threads (not one thread's work)
-  at::parallel_for(0, M, std::max<int64_t>(1, 4096 / (K * per)), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, M, row_grain(K * per), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       const int64_t o = m * per, o1 = o + 1;
       quantize_row(x + m * K, K, q + o * K, d + o * nb, dsum + o * nb, isum + o * 2 * nb,

@@ -28,6 +28,11 @@ namespace vlite {
 #define VLITE_ISA_NAME "portable"
 #endif
 
+// at::parallel_for grain for row-wise work: rows per thread at least a few thousand values, so that
+// the rows of a speculative verify step (or a small decode batch) split over the threads instead of
+// running on one while the others wait.
+inline int64_t row_grain(int64_t values_per_row) { return std::max<int64_t>(1, 4096 / values_per_row); }
+
 inline float to_float(float v) { return v; }
 inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
 inline float to_float(c10::Half v) { return static_cast<float>(v); }
