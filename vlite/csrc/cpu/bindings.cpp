@@ -34,6 +34,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,
                           c10::optional<bool>>());
   m.def("llama_decode_layer", &vlite::llama_decode_layer);
+  pybind11::class_<vlite::LlamaDecodeStack>(m, "LlamaDecodeStack", pybind11::module_local())
+      .def(pybind11::init<>())
+      .def("add_layer", &vlite::LlamaDecodeStack::add_layer)
+      .def("forward", &vlite::LlamaDecodeStack::forward);
   m.def("rms_norm", &vlite::rms_norm);
   m.def("silu_and_mul", &vlite::silu_and_mul);
   m.def("rotary_inplace", &vlite::rotary_inplace);

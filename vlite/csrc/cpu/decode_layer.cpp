@@ -21,7 +21,7 @@ static torch::Tensor run_linear(const torch::Tensor& x, const PackedLinear& w,
 // hidden [T, hidden] (every token a decode); weights: per projection (row-tiled qt, scales, mins or
 // None, fmt, sub, rows) for qkv, o, gate_up, down; returns the layer's output hidden [T, hidden]
 torch::Tensor llama_decode_layer(torch::Tensor hidden, torch::Tensor input_norm, torch::Tensor post_norm, double eps,
-                                 std::vector<PackedLinear> linears, c10::optional<torch::Tensor> qkv_bias,
+                                 const std::vector<PackedLinear>& linears, c10::optional<torch::Tensor> qkv_bias,
                                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, torch::Tensor cos,
                                  torch::Tensor signed_sin, torch::Tensor kv_cache, torch::Tensor slot_mapping,
                                  torch::Tensor block_table, torch::Tensor seq_lens, double scale) {
@@ -40,5 +40,40 @@ torch::Tensor llama_decode_layer(torch::Tensor hidden, torch::Tensor input_norm,
   auto gate_up = run_linear(rms_norm(h, post_norm, eps), linears[2]);
   return run_linear(silu_and_mul(gate_up), linears[3], h);
 }
+
+// A model's decoder layers for all-decode steps, held once: a step runs them in one call, where a
+// Python loop over llama_decode_layer converted each layer's ~20 arguments again (pybind), ran the
+// interpreter between layers and left the second thread spinning meanwhile.
+struct LlamaDecodeStack {
+  struct Layer {
+    torch::Tensor input_norm, post_norm;
+    double eps;
+    std::vector<PackedLinear> linears;
+    c10::optional<torch::Tensor> qkv_bias;
+    int64_t num_heads, num_kv_heads, head_dim;
+  };
+  std::vector<Layer> layers;
+
+  void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, double eps, std::vector<PackedLinear> linears,
+                 c10::optional<torch::Tensor> qkv_bias, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+    TORCH_CHECK(linears.size() == 4, "LlamaDecodeStack: qkv, o, gate_up, down");
+    layers.push_back({input_norm, post_norm, eps, std::move(linears), qkv_bias, num_heads, num_kv_heads, head_dim});
+  }
+
+  // hidden [T, hidden] after the embedding; kv_caches: one per layer; returns the last layer's output
+  torch::Tensor forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor signed_sin,
+                        const std::vector<torch::Tensor>& kv_caches, torch::Tensor slot_mapping,
+                        torch::Tensor block_table, torch::Tensor seq_lens, double scale) const {
+    TORCH_CHECK(kv_caches.size() == layers.size(), "LlamaDecodeStack: ", layers.size(), " layers but ",
+                kv_caches.size(), " KV caches");
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Layer& l = layers[i];
+      hidden = llama_decode_layer(hidden, l.input_norm, l.post_norm, l.eps, l.linears, l.qkv_bias, l.num_heads,
+                                  l.num_kv_heads, l.head_dim, cos, signed_sin, kv_caches[i], slot_mapping,
+                                  block_table, seq_lens, scale);
+    }
+    return hidden;
+  }
+};
 
 }  // namespace vlite
