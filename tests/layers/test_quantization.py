@@ -329,3 +329,26 @@ def test_rows_same_bits_in_any_step_size(ops, fmt, sub, scale_dtype, mins):
     alone = torch.cat([ops.quant_linear(x[i:i + 1], *args) for i in range(25)])
     for m in (8, 9, 16, 17, 25):
         assert torch.equal(ops.quant_linear(x[:m], *args), alone[:m]), m
+
+
+@pytest.mark.parametrize("fmt,sub,scale_dtype,mins", [LAYOUTS[0], LAYOUTS[2], LAYOUTS[4]])
+def test_float32_output_of_bf16_activations(ops, fmt, sub, scale_dtype, mins):
+    """out_dtype=float32 (the LM head's logits): the float32 sums as they are; the bf16 output is those
+    same sums rounded to bf16 (nearest even), residual included. A wrong residual dtype is refused."""
+    p = random_packed(fmt, 37, 224, sub, scale_dtype, mins, seed=4)
+    t = p.tiled()
+    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    for m in (1, 9, 20):
+        x = torch.randn(m, 224, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+        y32 = ops.quant_linear(x, *args, None, None, torch.float32)
+        assert y32.dtype == torch.float32
+        assert torch.equal(y32.bfloat16(), ops.quant_linear(x, *args))
+        assert not torch.equal(y32, y32.bfloat16().float())  # not rounded to bf16 first
+        ref = quantized_activations_reference(x) @ p.dequantize().t()  # (an int8 rounding tie may differ)
+        assert (y32 - ref).abs().max().item() <= ref.abs().max().item() * 2e-3
+        res = torch.randn(m, 37, generator=torch.Generator().manual_seed(7))
+        torch.testing.assert_close(ops.quant_linear(x, *args, res, None, torch.float32), y32 + res, rtol=0, atol=1e-5)
+        with pytest.raises(RuntimeError, match="residual must be a contiguous"):
+            ops.quant_linear(x, *args, res.bfloat16(), None, torch.float32)
+    with pytest.raises(RuntimeError, match="out_dtype must be float32 or bfloat16"):
+        ops.quant_linear(x, *args, None, None, torch.float16)

@@ -92,13 +92,16 @@ class QuantizedLinear(nn.Module):
             return self.dense.to(dtype)
         return dequantize_packed(self.tiled, dtype, out)
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x @ W.T, plus `residual` (a skip connection; the kernels add it in float32 as they write)."""
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
+                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """x @ W.T, plus `residual` (a skip connection; the kernels add it in float32 as they write).
+        `out_dtype` (float32 for logits): the kernels write their float32 sums as that dtype, where
+        x's would round them (bf16 logits ~20 apart by 1/16: near-ties and coarse logprobs)."""
         if self.ops is not None and x.dim() == 2 and (self.dense_above is None or x.shape[0] <= self.dense_above):
             # the decode fast path
-            if residual is not None and (residual.dtype != x.dtype or not residual.is_contiguous()):
-                return self.ops.quant_linear(x, *self._args, None, self.precise) + residual
-            return self.ops.quant_linear(x, *self._args, residual, self.precise)
+            if residual is not None and (residual.dtype != (out_dtype or x.dtype) or not residual.is_contiguous()):
+                return self.ops.quant_linear(x, *self._args, None, self.precise, out_dtype) + residual
+            return self.ops.quant_linear(x, *self._args, residual, self.precise, out_dtype)
         if self.ops is None:
             out = F.linear(x, self.dense)
         else:
@@ -108,8 +111,10 @@ class QuantizedLinear(nn.Module):
                     x.dtype, out=_scratch(self.out_features, self.in_features, x.dtype))
                 out = F.linear(x, w)
             else:
-                out = self.ops.quant_linear(x2d, *self._args, None, self.precise).view(*x.shape[:-1],
-                                                                                       self.out_features)
+                out = self.ops.quant_linear(x2d, *self._args, None, self.precise, out_dtype).view(
+                    *x.shape[:-1], self.out_features)
+        if out_dtype is not None:
+            out = out.to(out_dtype)
         return out if residual is None else out + residual
 
 

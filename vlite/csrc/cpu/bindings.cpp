@@ -28,7 +28,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the row count that decides the residual row (-1: each call's own); see precise_rows in Python");
   m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qt"), pybind11::arg("scales"),
         pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("n"),
-        pybind11::arg("residual") = pybind11::none(), pybind11::arg("precise") = pybind11::none());
+        pybind11::arg("residual") = pybind11::none(), pybind11::arg("precise") = pybind11::none(),
+        pybind11::arg("out_dtype") = pybind11::none());
   m.def("write_kv_cache", &vlite::write_kv_cache);
   pybind11::class_<vlite::PackedLinear>(m, "PackedLinear", pybind11::module_local())  // one per ISA module
       .def(pybind11::init<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,

@@ -596,21 +596,26 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool precise) {
   return {q, d, ds, is};
 }
 
-// y [M, N] (x's dtype) = x [M, K] @ dequant(W).T (+ residual [M, N]) for a row-tiled packed weight
-// (fmt 4: q4, 8: q8) of N rows. `precise`: each activation row also gets an int8 residual row
-// (~16-bit products), else a single int8 row; by default float32 activations in steps of at most
-// kPreciseMaxRows rows. `residual`: a skip connection added in float32 as the outputs are written.
+// y [M, N] (x's dtype, or out_dtype: float32 or bfloat16) = x [M, K] @ dequant(W).T (+ residual [M, N])
+// for a row-tiled packed weight (fmt 4: q4, 8: q8) of N rows. `precise`: each activation row also
+// gets an int8 residual row (~16-bit products), else a single int8 row; by default float32
+// activations in steps of at most kPreciseMaxRows rows. `residual`: a skip connection (of the
+// output's dtype) added in float32 as the outputs are written. The sums are float32 whatever the
+// dtypes: a float32 output of bf16 activations (the LM head's logits) is not rounded to bf16.
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qt, torch::Tensor st, c10::optional<torch::Tensor> mt,
                            int64_t fmt, int64_t sub, int64_t N, c10::optional<torch::Tensor> residual = c10::nullopt,
-                           c10::optional<bool> precise_opt = c10::nullopt) {
+                           c10::optional<bool> precise_opt = c10::nullopt,
+                           c10::optional<at::ScalarType> out_dtype = c10::nullopt) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D");
   const int64_t M = x.size(0), K = x.size(1);
   check_tiled(qt, st, mt, fmt, sub, N, K);
-  auto out = torch::empty({M, N}, x.options());
+  const at::ScalarType odt = out_dtype.value_or(x.scalar_type());
+  TORCH_CHECK(odt == at::kFloat || odt == at::kBFloat16, "quant_linear: out_dtype must be float32 or bfloat16");
+  auto out = torch::empty({M, N}, x.options().dtype(odt));
   if (residual.has_value())
-    TORCH_CHECK(residual->is_contiguous() && residual->scalar_type() == x.scalar_type() && residual->dim() == 2 &&
+    TORCH_CHECK(residual->is_contiguous() && residual->scalar_type() == odt && residual->dim() == 2 &&
                 residual->size(0) == M && residual->size(1) == N, "quant_linear: residual must be a contiguous [M, N] "
-                "tensor of x's dtype");
+                "tensor of the output's dtype");
   if (M == 0) return out;
   const bool precise = precise_opt.value_or(x.scalar_type() == at::kFloat &&
                                             (g_precise_rows >= 0 ? g_precise_rows : M) <= kPreciseMaxRows);
@@ -669,9 +674,8 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qt, torch::Tensor st, 
     if (st.scalar_type() == at::kHalf) with_out(out_tag, c10::Half());
     else with_out(out_tag, float());
   };
-  if (x.scalar_type() == at::kFloat) with_scales(float());
-  else if (x.scalar_type() == at::kBFloat16) with_scales(c10::BFloat16());
-  else TORCH_CHECK(false, "quant_linear: x must be float32 or bfloat16");
+  if (odt == at::kFloat) with_scales(float());
+  else with_scales(c10::BFloat16());
   return out;
 }
 
