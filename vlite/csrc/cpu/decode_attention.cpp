@@ -77,13 +77,25 @@ void decode_attention_impl(const T* q, const T* kc, const T* vc, const int64_t* 
   });
 }
 
-// Walks a request's keys in order through its block table without a division per key.
+// Walks a request's keys j, j + 1, ... < j_end in order through its block table without a division
+// per key. Entering a block, it prefetches the next one's rows (row_bytes each, at `base`): blocks are
+// scattered, so the hardware prefetcher, which follows one block's rows, stalls at every block's
+// start, and layer after layer the cache is read from L3 or DRAM, not L2.
 struct SlotCursor {
   const int64_t* blocks;
-  int64_t bs, bi, off;
-  SlotCursor(const int64_t* b, int64_t block_size, int64_t j) : blocks(b), bs(block_size), bi(j / block_size),
-                                                                off(j % block_size) {}
+  int64_t bs, bi, off, last_block, block_bytes;
+  const char* base;
+  SlotCursor(const int64_t* b, int64_t block_size, int64_t j, int64_t j_end, const void* rows, int64_t row_bytes)
+      : blocks(b), bs(block_size), bi(j / block_size), off(j % block_size), last_block((j_end - 1) / block_size),
+        block_bytes(block_size * row_bytes), base(static_cast<const char*>(rows)) {
+    if (off != 0 && bi < last_block) prefetch(bi + 1);  // starting mid-block: the next one now
+  }
+  void prefetch(int64_t b) const {
+    const char* p = base + blocks[b] * block_bytes;
+    for (int64_t i = 0; i < block_bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
+  }
   int64_t next() {
+    if (off == 0 && bi < last_block) prefetch(bi + 1);
     const int64_t slot = blocks[bi] * bs + off;
     if (++off == bs) { off = 0; ++bi; }
     return slot;
@@ -117,7 +129,7 @@ void pv_bf16(const float* s, int64_t ls, int64_t padded, const c10::BFloat16* vh
   for (int g = 0; g < GB; ++g)
     for (int c = 0; c < NP; ++c) al[g][c] = ah[g][c] = _mm512_setzero_ps();
   alignas(64) uint32_t pp[GB][16];  // 32 keys' probabilities as 16 bf16 pairs
-  SlotCursor vs(blocks, BS, j0);
+  SlotCursor vs(blocks, BS, j0, j0 + len, vh, D * sizeof(c10::BFloat16));
   for (int64_t jb = 0; jb < len; jb += 32) {
     for (int g = 0; g < GB; ++g) {  // s is written up to `padded` (a multiple of 16): zeros past it
       const float* sg = s + g * ls + jb;
@@ -191,7 +203,7 @@ void attend_chunk(const float* qf, const T* qraw, float scale, const T* kh, cons
     return;
   }
   alignas(64) float part[GB][256];
-  SlotCursor ks(blocks, BS, j0);
+  SlotCursor ks(blocks, BS, j0, j1, kh, D * sizeof(T));
 #if defined(VLITE_AVX512) && defined(__AVX512BF16__)
   if constexpr (kBf16Dot<T>) {
     constexpr int NP = NV / 2;  // 32 bf16 values per register
@@ -247,7 +259,7 @@ void attend_chunk(const float* qf, const T* qraw, float scale, const T* kh, cons
   Vec16 av[GB][NV];
   for (int g = 0; g < GB; ++g)
     for (int c = 0; c < NV; ++c) av[g][c] = Vec16::zero();
-  SlotCursor vs(blocks, BS, j0);
+  SlotCursor vs(blocks, BS, j0, j1, vh, D * sizeof(T));
   for (int64_t j = 0; j < len; ++j) {
     const T* vp = vh + vs.next() * D;
     Vec16 vv[NV];
@@ -312,7 +324,7 @@ void attend_group(const float* qf, const T* kh, const T* vh, const int64_t* bloc
   int64_t lmax = 0;
   for (int64_t v = 0; v < QB; ++v) lmax = std::max(lmax, len[v]);
   alignas(64) float part[256];
-  SlotCursor ks(blocks, BS, j0);
+  SlotCursor ks(blocks, BS, j0, j0 + lmax, kh, D * sizeof(T));
   {
     alignas(64) float kf[16 * D];
     const float* krow[16];
@@ -338,7 +350,7 @@ void attend_group(const float* qf, const T* kh, const T* vh, const int64_t* bloc
   std::fill(acc, acc + QB * D, 0.f);
   alignas(64) float vf[16 * D];
   const float* vrow[16];
-  SlotCursor vs(blocks, BS, j0);
+  SlotCursor vs(blocks, BS, j0, j0 + lmax, vh, D * sizeof(T));
   for (int64_t jb = 0; jb < lmax; jb += 16) {
     const int64_t cnt = std::min<int64_t>(16, lmax - jb);
     float32_rows<NV>(vh, vs, cnt, vf, vrow);
