@@ -530,7 +530,7 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
     });
   }
   if (!any_split) return;
-  at::parallel_for(0, N * HKV, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, N * HKV, 1, [&](int64_t begin, int64_t end) {  // merge the chunks of each split pair
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t n = pair / HKV, h = pair % HKV, S = splits[n];
       if (S == 1) continue;
