@@ -35,8 +35,8 @@ class LlamaForCausalLM(CausalLM):
                 self._fused_stack.add_layer(*args)
 
     def _fused_decode_args(self) -> Optional[list[tuple]]:
-        """Per layer, the arguments of the C++ `llama_decode_layer` (all-decode steps: every layer in one
-        `LlamaDecodeStack` call), where every projection runs packed weights on the kernels and the layer
+        """Per layer, the arguments of the C++ `LlamaDecodeStack.add_layer` (all-decode steps: every layer
+        in one call), where every projection runs packed weights on the kernels and the layer
         has no part the C++ layer lacks (o_proj or MLP biases, q/k norms, a sliding window); else None."""
         ops = self._fused_ops = fast_ops(self._plan)
         # under tensor parallelism the layer-by-layer path runs (its projections all-reduce between kernels)

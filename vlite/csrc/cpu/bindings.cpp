@@ -34,7 +34,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<vlite::PackedLinear>(m, "PackedLinear", pybind11::module_local())  // one per ISA module
       .def(pybind11::init<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,
                           c10::optional<bool>>());
-  m.def("llama_decode_layer", &vlite::llama_decode_layer);
   pybind11::class_<vlite::LlamaDecodeStack>(m, "LlamaDecodeStack", pybind11::module_local())
       .def(pybind11::init<>())
       .def("add_layer", &vlite::LlamaDecodeStack::add_layer)

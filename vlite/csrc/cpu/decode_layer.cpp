@@ -18,41 +18,41 @@ static torch::Tensor run_linear(const torch::Tensor& x, const PackedLinear& w,
   return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n, residual, w.precise);
 }
 
-// hidden [T, hidden] (every token a decode); weights: per projection (row-tiled qt, scales, mins or
-// None, fmt, sub, rows) for qkv, o, gate_up, down; returns the layer's output hidden [T, hidden]
-torch::Tensor llama_decode_layer(torch::Tensor hidden, torch::Tensor input_norm, torch::Tensor post_norm, double eps,
-                                 const std::vector<PackedLinear>& linears, c10::optional<torch::Tensor> qkv_bias,
-                                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, torch::Tensor cos,
-                                 torch::Tensor signed_sin, torch::Tensor kv_cache, torch::Tensor slot_mapping,
-                                 torch::Tensor block_table, torch::Tensor seq_lens, double scale) {
-  TORCH_CHECK(linears.size() == 4, "llama_decode_layer: qkv, o, gate_up, down");
-  const int64_t T = hidden.size(0);
-  auto x = rms_norm(hidden, input_norm, eps);
-  auto qkv = run_linear(x, linears[0]);
-  if (qkv_bias.has_value()) qkv.add_(*qkv_bias);
+// One layer's weights: norms, the packed qkv, o, gate_up and down projections (row-tiled qt, scales,
+// mins or None, fmt, sub, rows), the qkv bias if any, and its head counts.
+struct LlamaLayer {
+  torch::Tensor input_norm, post_norm;
+  double eps;
+  std::vector<PackedLinear> linears;
+  c10::optional<torch::Tensor> qkv_bias;
+  int64_t num_heads, num_kv_heads, head_dim;
+};
+
+// hidden [T, hidden] (every token a decode) -> the layer's output hidden [T, hidden]
+static torch::Tensor llama_decode_layer(torch::Tensor hidden, const LlamaLayer& l, const torch::Tensor& cos,
+                                        const torch::Tensor& signed_sin, const torch::Tensor& kv_cache,
+                                        const torch::Tensor& slot_mapping, const torch::Tensor& block_table,
+                                        const torch::Tensor& seq_lens, double scale) {
+  const int64_t T = hidden.size(0), num_heads = l.num_heads, num_kv_heads = l.num_kv_heads, head_dim = l.head_dim;
+  auto x = rms_norm(hidden, l.input_norm, l.eps);
+  auto qkv = run_linear(x, l.linears[0]);
+  if (l.qkv_bias.has_value()) qkv.add_(*l.qkv_bias);
   rotary_inplace(qkv, num_heads + num_kv_heads, head_dim, cos, signed_sin);
   auto qkv3 = qkv.view({T, num_heads + 2 * num_kv_heads, head_dim});
   auto k = qkv3.narrow(1, num_heads, num_kv_heads), v = qkv3.narrow(1, num_heads + num_kv_heads, num_kv_heads);
   write_kv_cache(k, v, kv_cache, slot_mapping);
   auto o = paged_decode_attention(qkv3.narrow(1, 0, num_heads), kv_cache.select(0, 0), kv_cache.select(0, 1),
                                   block_table, seq_lens, scale);
-  auto h = run_linear(o.view({T, num_heads * head_dim}), linears[1], hidden.contiguous());
-  auto gate_up = run_linear(rms_norm(h, post_norm, eps), linears[2]);
-  return run_linear(silu_and_mul(gate_up), linears[3], h);
+  auto h = run_linear(o.view({T, num_heads * head_dim}), l.linears[1], hidden.contiguous());
+  auto gate_up = run_linear(rms_norm(h, l.post_norm, l.eps), l.linears[2]);
+  return run_linear(silu_and_mul(gate_up), l.linears[3], h);
 }
 
-// A model's decoder layers for all-decode steps, held once: a step runs them in one call, where a
-// Python loop over llama_decode_layer converted each layer's ~20 arguments again (pybind), ran the
-// interpreter between layers and left the second thread spinning meanwhile.
+// A model's decoder layers for all-decode steps, held once: a step runs them in one call (a Python
+// loop over the layers converted each one's ~20 arguments again (pybind), ran the interpreter between
+// layers and left the second thread spinning meanwhile).
 struct LlamaDecodeStack {
-  struct Layer {
-    torch::Tensor input_norm, post_norm;
-    double eps;
-    std::vector<PackedLinear> linears;
-    c10::optional<torch::Tensor> qkv_bias;
-    int64_t num_heads, num_kv_heads, head_dim;
-  };
-  std::vector<Layer> layers;
+  std::vector<LlamaLayer> layers;
 
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, double eps, std::vector<PackedLinear> linears,
                  c10::optional<torch::Tensor> qkv_bias, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
@@ -66,12 +66,9 @@ struct LlamaDecodeStack {
                         torch::Tensor block_table, torch::Tensor seq_lens, double scale) const {
     TORCH_CHECK(kv_caches.size() == layers.size(), "LlamaDecodeStack: ", layers.size(), " layers but ",
                 kv_caches.size(), " KV caches");
-    for (size_t i = 0; i < layers.size(); ++i) {
-      const Layer& l = layers[i];
-      hidden = llama_decode_layer(hidden, l.input_norm, l.post_norm, l.eps, l.linears, l.qkv_bias, l.num_heads,
-                                  l.num_kv_heads, l.head_dim, cos, signed_sin, kv_caches[i], slot_mapping,
-                                  block_table, seq_lens, scale);
-    }
+    for (size_t i = 0; i < layers.size(); ++i)
+      hidden = llama_decode_layer(hidden, layers[i], cos, signed_sin, kv_caches[i], slot_mapping, block_table,
+                                  seq_lens, scale);
     return hidden;
   }
 };
