@@ -26,7 +26,7 @@ from vlite.layers.layernorm import rms_norm
 from vlite.layers.linear import Weights, fast_ops, linear_weight, param
 from vlite.layers.moe import feed_forward
 from vlite.layers.packed import PackedTensors, TiledTensors
-from vlite.layers.quantization import QuantizationPlan, QuantizedLinear, linear, make_linear
+from vlite.layers.quantization import QuantizationPlan, linear, make_linear
 from vlite.layers.rotary_embedding import RotaryEmbedding
 from vlite.model_loader.arch_config import ModelArchConfig
 
@@ -189,10 +189,7 @@ class CausalLM(nn.Module):
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.lm_head, QuantizedLinear):  # float32 logits straight from the kernels' sums
-            logits = self.lm_head.forward(hidden, out_dtype=torch.float32)
-        else:
-            logits = linear(hidden, self.lm_head).float()
+        logits = linear(hidden, self.lm_head, out_dtype=torch.float32)  # quantized: the kernels' sums, unrounded
         if self.tp is not None:  # vocab-parallel head: every rank gets the whole row
             logits = self.tp.all_gather_last(logits, list(self.tp.shard.vocab_sizes))
         cap = self.final_logit_softcapping

@@ -235,12 +235,14 @@ def _dense(weight: Union[torch.Tensor, PackedTensors], dtype: torch.dtype) -> to
 
 
 def linear(x: torch.Tensor, weight: LinearWeight, bias: Optional[torch.Tensor] = None,
-           residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x @ W.T (+ bias) (+ residual)."""
+           residual: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """x @ W.T (+ bias) (+ residual), as out_dtype if given (quantized weights: see QuantizedLinear)."""
     if isinstance(weight, QuantizedLinear):
         if bias is None:
-            return weight.forward(x, residual)
-        out = weight.forward(x) + bias
+            return weight.forward(x, residual, out_dtype)
+        out = weight.forward(x, out_dtype=out_dtype) + bias
     else:
         out = F.linear(x, weight, bias)
+        if out_dtype is not None:
+            out = out.to(out_dtype)
     return out if residual is None else out + residual
