@@ -2,7 +2,7 @@
 in one process, run alternately on each of `vlite bench latency --dataset copy`'s prompts, so that the
 machine's drift (a third within minutes on the cloud VMs we measure on) falls on both alike.
 
-    python benchmarks/spec_paired.py [--num-prompts 30] [--evict-weights]
+    python benchmarks/spec_paired.py [--num-prompts 30] [--evict-weights] [--num-speculative-tokens 8]
 
 Decode tok/s = 1 / mean inter-token latency, as bench latency's. `--evict-weights` flushes the model's
 weights from every cache level (`clflushopt`, x86) before each step and leaves that time out: a CPU
@@ -82,8 +82,10 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=30)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--evict-weights", action="store_true")
+    parser.add_argument("--num-speculative-tokens", type=int, default=SPEC["num_speculative_tokens"])
     ns = parser.parse_args()
-    engines = {"base": LLM(), "spec": LLM(speculative_config=SPEC)}
+    engines = {"base": LLM(),
+               "spec": LLM(speculative_config={**SPEC, "num_speculative_tokens": ns.num_speculative_tokens})}
     evictors = {name: None for name in engines}
     if ns.evict_weights:
         from torch.utils.cpp_extension import load_inline
