@@ -66,6 +66,20 @@ double run(int64_t which, int64_t iters) {
     case 12: LOOP("vpmaddubsw %%ymm8, %%ymm9, %%ymm0\nvpmaddubsw %%ymm8, %%ymm9, %%ymm1\nvpmaddubsw %%ymm8, %%ymm9, %%ymm2\n"
                   "vpmaddubsw %%ymm8, %%ymm9, %%ymm3\nvpsignb %%ymm8, %%ymm9, %%ymm4\nvpsignb %%ymm8, %%ymm9, %%ymm5\n"
                   "vpsignb %%ymm8, %%ymm9, %%ymm6\nvpsignb %%ymm8, %%ymm9, %%ymm7\n"); break;
+    case 13: LOOP(FOUR_BCAST "vpaddw %%ymm8, %%ymm9, %%ymm4\nvpaddw %%ymm8, %%ymm9, %%ymm5\nvpaddw %%ymm8, %%ymm9, %%ymm6\n"
+                  "vpaddw %%ymm8, %%ymm9, %%ymm7\n"); break;
+    case 14: LOOP("vpmaddubsw (%1), %%ymm9, %%ymm0\nvpmaddubsw (%1), %%ymm9, %%ymm1\nvpmaddubsw (%1), %%ymm9, %%ymm2\n"
+                  "vpmaddubsw (%1), %%ymm9, %%ymm3\nvpmaddubsw (%1), %%ymm9, %%ymm4\nvpmaddubsw (%1), %%ymm9, %%ymm5\n"
+                  "vpmaddubsw (%1), %%ymm9, %%ymm6\nvpmaddubsw (%1), %%ymm9, %%ymm7\n"); break;
+    case 15: LOOP("vpmaddubsw %%ymm8, %%ymm9, %%ymm0\nvpmaddubsw %%ymm8, %%ymm9, %%ymm1\nvpmaddubsw %%ymm8, %%ymm9, %%ymm2\n"
+                  "vpmaddubsw %%ymm8, %%ymm9, %%ymm3\nvpsrlw $4, %%ymm8, %%ymm4\nvpsrlw $4, %%ymm8, %%ymm5\n"
+                  "vpsrlw $4, %%ymm9, %%ymm6\nvpsrlw $4, %%ymm9, %%ymm7\n"); break;
+    case 16: LOOP("vpshufd $0, %%ymm8, %%ymm0\nvpshufd $0, %%ymm8, %%ymm1\nvpshufd $0, %%ymm8, %%ymm2\nvpshufd $0, %%ymm8, %%ymm3\n"
+                  "vpaddw %%ymm8, %%ymm9, %%ymm4\nvpaddw %%ymm8, %%ymm9, %%ymm5\nvpaddw %%ymm8, %%ymm9, %%ymm6\n"
+                  "vpaddw %%ymm8, %%ymm9, %%ymm7\n"); break;
+    case 17: LOOP("vpshufd $0, %%ymm8, %%ymm0\nvpshufd $0, %%ymm8, %%ymm1\nvpshufd $0, %%ymm8, %%ymm2\nvpshufd $0, %%ymm8, %%ymm3\n"
+                  "vpmaddubsw %%ymm8, %%ymm9, %%ymm4\nvpmaddubsw %%ymm8, %%ymm9, %%ymm5\nvpmaddubsw %%ymm8, %%ymm9, %%ymm6\n"
+                  "vpmaddubsw %%ymm8, %%ymm9, %%ymm7\n"); break;
   }
   return seconds(t0);
 }
@@ -76,6 +90,8 @@ LOOPS = [  # (index in run(), label)
     (6, "vcvtdq2ps"), (7, "vpbroadcastd ymm, m32"), (8, "4 vpmaddubsw + 4 vpaddw"),
     (9, "4 vpbroadcastd + 4 vpmaddubsw"), (10, "4 vpmaddubsw + 4 vfmadd231ps"),
     (11, "4 vpmaddubsw + 4 vcvtdq2ps"), (12, "4 vpmaddubsw + 4 vpsignb"),
+    (13, "4 vpbroadcastd + 4 vpaddw"), (14, "vpmaddubsw ymm, ymm, m256"), (15, "4 vpmaddubsw + 4 vpsrlw"),
+    (16, "4 vpshufd + 4 vpaddw"), (17, "4 vpshufd + 4 vpmaddubsw"),
 ]
 
 

@@ -287,78 +287,110 @@ static inline __m256 load8f(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// AVX2 q4: one block's integer dot products for the whole tile and R activation rows, out[h][0][r]
+// (h: the half of 8 weight rows). Inputs 0-15 (the low nibbles) go first, then 16-31 (the high ones),
+// so that eight registers hold a pass's weights for both halves and each broadcast activation dword
+// feeds two `vpmaddubsw` (a broadcast from memory takes a vector-ALU slot like an add:
+// benchmarks/vector_ops.py). u4 x s8 pair sums <= 3810: all eight chunks of a block fit an int16.
+template <int R>
+static inline void q4_block_ints(const uint8_t* wb, const Activations& a, int64_t m0, int64_t b,
+                                 int32_t (*out)[1][R][8]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  alignas(32) int16_t low[R][2][16];  // each row's int16 sums over inputs 0-15, per half
+  for (int pass = 0; pass < 2; ++pass) {
+    __m256i w[4][2];  // w[p][h]: inputs 4p..4p+3 (+ 16 in the second pass) of the half's 8 rows
+    for (int p = 0; p < 4; ++p)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * p + 32 * h));
+        w[p][h] = _mm256_and_si256(pass == 0 ? raw : _mm256_srli_epi16(raw, 4), m4);
+      }
+    for (int r = 0; r < R; ++r) {
+      const int32_t* xi = reinterpret_cast<const int32_t*>(a.q + (m0 + r) * a.K + b * QK) + 4 * pass;
+      __m256i x = _mm256_set1_epi32(xi[0]);
+      __m256i s0 = _mm256_maddubs_epi16(w[0][0], x), s1 = _mm256_maddubs_epi16(w[0][1], x);
+      for (int p = 1; p < 4; ++p) {
+        x = _mm256_set1_epi32(xi[p]);
+        s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[p][0], x));
+        s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[p][1], x));
+      }
+      __m256i* lo = reinterpret_cast<__m256i*>(low[r]);
+      if (pass == 0) {
+        _mm256_store_si256(lo, s0);
+        _mm256_store_si256(lo + 1, s1);
+      } else {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out[0][0][r]),
+                           _mm256_madd_epi16(_mm256_add_epi16(_mm256_load_si256(lo), s0), ones));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out[1][0][r]),
+                           _mm256_madd_epi16(_mm256_add_epi16(_mm256_load_si256(lo + 1), s1), ones));
+      }
+    }
+  }
+}
+
+// AVX2 q8: one block's integer dot products for one half tile (8 rows at wb) and R activation rows,
+// out[sub-block][r]: signed weights back (w + 128 -> w) and the sign trick (|w| times sign(x, w)), so
+// the int16 pair sums never saturate.
+template <int64_t PER, int R>
+static inline void q8_block_ints(const uint8_t* wb, const Activations& a, int64_t m0, int64_t b,
+                                 int32_t (*out)[R][8]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i w[8];
+  for (int j = 0; j < 8; ++j)
+    w[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  for (int r = 0; r < R; ++r) {
+    const int32_t* xi = reinterpret_cast<const int32_t*>(a.q + (m0 + r) * a.K + b * QK);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(xi[j]), w[j]);
+      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w[j], w[j]), sx), ones);
+      if (j < 4) acc0 = _mm256_add_epi32(acc0, p);
+      else acc1 = _mm256_add_epi32(acc1, p);
+    }
+    if constexpr (PER == 1) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out[0][r]), _mm256_add_epi32(acc0, acc1));
+    } else {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out[0][r]), acc0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out[1][r]), acc1);
+    }
+  }
+}
+
 // AVX2: the tile as two halves of 8 rows (h = 0, 1), each 8 int32 / float lanes, in two passes
-// per group of blocks: the integer pass writes each (block, sub-block, row) dot product to a small
-// buffer, the float pass applies the scales and mins. With only 16 vector registers, one pass doing
-// both spilled the eight unpacked weight registers and the float accumulators to the stack
-// (measured: 87 -> 103 GMAC/s per core with the split, kRows 4 -> 8).
+// per group of blocks: the integer pass writes each (block, half, sub-block, row) dot product to a
+// small buffer, the float pass applies the scales and mins, half by half (its accumulators carried
+// in `res` from group to group). With only 16 vector registers, one pass doing both spilled the
+// unpacked weight registers and the float accumulators to the stack (measured: 87 -> 103 GMAC/s per
+// core with the split, kRows 4 -> 8).
 template <int FMT, int SUB, int R, typename S>
 static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const Activations& a, int64_t m0,
                             float* res, const uint8_t* pf) {
   constexpr int64_t PER = QK / SUB;
-  constexpr int64_t G = 16;  // blocks per pass
-  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  alignas(32) int32_t ib[G][PER][R][8];
-  for (int h = 0; h < 2; ++h) {
-    __m256 accf[R];
-    for (int r = 0; r < R; ++r) accf[r] = _mm256_setzero_ps();
-    for (int64_t b0 = 0; b0 < a.nb; b0 += G) {
-      const int64_t b1 = std::min(a.nb, b0 + G);
-      for (int64_t b = b0; b < b1; ++b) {
-        const uint8_t* wb = qt + b * tile_block_bytes<FMT>() + 32 * h;
-        if (pf != nullptr && h == 0)  // the next tile's block: DRAM latency hidden behind this tile's arithmetic
-          for (int64_t i = 0; i < tile_block_bytes<FMT>(); i += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + b * tile_block_bytes<FMT>() + i), _MM_HINT_T0);
-        __m256i w[8];
-        if constexpr (FMT == 4) {
-          for (int p = 0; p < 4; ++p) {
-            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * p));
-            w[p] = _mm256_and_si256(raw, m4);
-            w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-          }
-        } else {  // signed weights back (w + 128 -> w); the sign trick below takes |w|
-          for (int j = 0; j < 8; ++j)
-            w[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j)),
-                                    _mm256_set1_epi8(static_cast<char>(0x80)));
-        }
-        int32_t(*out)[R][8] = ib[b - b0];
-        for (int r = 0; r < R; ++r) {
-          const int32_t* xi = reinterpret_cast<const int32_t*>(a.q + (m0 + r) * a.K + b * QK);
-          if constexpr (FMT == 4) {  // u4 x s8 pair sums <= 3810: all eight of a block fit an int16
-            __m256i p0 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xi[0]));
-            __m256i p1 = _mm256_maddubs_epi16(w[4], _mm256_set1_epi32(xi[4]));
-            for (int j = 1; j < 4; ++j) {
-              p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(xi[j])));
-              p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[j + 4], _mm256_set1_epi32(xi[j + 4])));
-            }
-            if constexpr (PER == 1) {
-              _mm256_store_si256(reinterpret_cast<__m256i*>(out[0][r]), _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
-            } else {
-              _mm256_store_si256(reinterpret_cast<__m256i*>(out[0][r]), _mm256_madd_epi16(p0, ones));
-              _mm256_store_si256(reinterpret_cast<__m256i*>(out[1][r]), _mm256_madd_epi16(p1, ones));
-            }
-          } else {
-            __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-            for (int j = 0; j < 8; ++j) {
-              const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(xi[j]), w[j]);
-              const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w[j], w[j]), sx), ones);
-              if (j < 4) acc0 = _mm256_add_epi32(acc0, p);
-              else acc1 = _mm256_add_epi32(acc1, p);
-            }
-            if constexpr (PER == 1) {
-              _mm256_store_si256(reinterpret_cast<__m256i*>(out[0][r]), _mm256_add_epi32(acc0, acc1));
-            } else {
-              _mm256_store_si256(reinterpret_cast<__m256i*>(out[0][r]), acc0);
-              _mm256_store_si256(reinterpret_cast<__m256i*>(out[1][r]), acc1);
-            }
-          }
-        }
+  static_assert(FMT == 8 || PER == 1, "q4 blocks have one scale");
+  constexpr int64_t G = PER == 2 ? 8 : 16;  // blocks per pass (the buffer: <= 9 KB)
+  alignas(32) int32_t ib[G][2][PER][R][8];
+  for (int64_t i = 0; i < R * kTile; ++i) res[i] = 0.f;
+  for (int64_t b0 = 0; b0 < a.nb; b0 += G) {
+    const int64_t b1 = std::min(a.nb, b0 + G);
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* wb = qt + b * tile_block_bytes<FMT>();
+      if (pf != nullptr)  // the next tile's block: DRAM latency hidden behind this tile's arithmetic
+        for (int64_t i = 0; i < tile_block_bytes<FMT>(); i += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + b * tile_block_bytes<FMT>() + i), _MM_HINT_T0);
+      if constexpr (FMT == 4) {
+        q4_block_ints<R>(wb, a, m0, b, ib[b - b0]);
+      } else {
+        for (int h = 0; h < 2; ++h) q8_block_ints<PER, R>(wb + 32 * h, a, m0, b, ib[b - b0][h]);
       }
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256 accf[R];
+      for (int r = 0; r < R; ++r) accf[r] = _mm256_loadu_ps(res + r * kTile + 8 * h);
       for (int64_t b = b0; b < b1; ++b) {
         for (int64_t p = 0; p < PER; ++p) {
           const __m256 sc = load8f(st + (b * PER + p) * kTile + 8 * h);
           for (int r = 0; r < R; ++r) {
-            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(ib[b - b0][p][r]));
+            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(ib[b - b0][h][p][r]));
             accf[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(sc, _mm256_set1_ps(a.d[(m0 + r) * a.nb + b])),
                                       accf[r]);
           }
@@ -369,8 +401,8 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
             accf[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a.dsum[(m0 + r) * a.nb + b]), accf[r]);
         }
       }
+      for (int r = 0; r < R; ++r) _mm256_storeu_ps(res + r * kTile + 8 * h, accf[r]);
     }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(res + r * kTile + 8 * h, accf[r]);
   }
 }
 
