@@ -290,8 +290,9 @@ static inline __m256 load8f(const c10::Half* p) {
 // AVX2 q4: one block's integer dot products for the whole tile and R activation rows, out[h][0][r]
 // (h: the half of 8 weight rows). Inputs 0-15 (the low nibbles) go first, then 16-31 (the high ones),
 // so that eight registers hold a pass's weights for both halves and each broadcast activation dword
-// feeds two `vpmaddubsw` (a broadcast from memory takes a vector-ALU slot like an add:
-// benchmarks/vector_ops.py). u4 x s8 pair sums <= 3810: all eight chunks of a block fit an int16.
+// feeds two `vpmaddubsw`: half the broadcasts, the kernel's most frequent op after the multiplies
+// (loads, 2 a cycle; benchmarks/vector_ops.py). u4 x s8 pair sums <= 3810: all eight chunks of a
+// block fit an int16.
 template <int R>
 static inline void q4_block_ints(const uint8_t* wb, const Activations& a, int64_t m0, int64_t b,
                                  int32_t (*out)[1][R][8]) {
