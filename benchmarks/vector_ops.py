@@ -15,6 +15,40 @@ from __future__ import annotations
 
 from torch.utils.cpp_extension import load_inline
 
+
+def _ops(op: str, dests: range, src: str = "%%ymm8, %%ymm9") -> list[str]:
+    return [f"{op} {src}, %%ymm{d}" for d in dests]
+
+
+def _bcast(dests: range) -> list[str]:
+    return [f"vpbroadcastd {4 * d or ''}(%1), %%ymm{d}" for d in dests]
+
+
+LO, HI, ALL = range(4), range(4, 8), range(8)
+# (label, the loop's 8 instructions): independent destinations ymm0-7, sources ymm8/ymm9 or buf (%1)
+LOOPS: list[tuple[str, list[str]]] = [
+    *[(op, _ops(op, ALL)) for op in ("vpaddw", "vpmaddubsw", "vpmaddwd", "vpsignb", "vfmadd231ps", "vmulps")],
+    ("vcvtdq2ps", _ops("vcvtdq2ps", LO, "%%ymm8") + _ops("vcvtdq2ps", HI, "%%ymm9")),
+    ("vpbroadcastd ymm, m32", _bcast(ALL)),
+    ("4 vpmaddubsw + 4 vpaddw", _ops("vpmaddubsw", LO) + _ops("vpaddw", HI)),
+    ("4 vpbroadcastd + 4 vpmaddubsw", _bcast(LO) + [f"vpmaddubsw %%ymm8, %%ymm{d - 4}, %%ymm{d}" for d in HI]),
+    ("4 vpmaddubsw + 4 vfmadd231ps", _ops("vpmaddubsw", LO) + _ops("vfmadd231ps", HI)),
+    ("4 vpmaddubsw + 4 vcvtdq2ps", _ops("vpmaddubsw", LO) + _ops("vcvtdq2ps", range(4, 6), "%%ymm8")
+     + _ops("vcvtdq2ps", range(6, 8), "%%ymm9")),
+    ("4 vpmaddubsw + 4 vpsignb", _ops("vpmaddubsw", LO) + _ops("vpsignb", HI)),
+    ("4 vpbroadcastd + 4 vpaddw", _bcast(LO) + _ops("vpaddw", HI)),
+    ("vpmaddubsw ymm, ymm, m256", _ops("vpmaddubsw", ALL, "(%1), %%ymm9")),
+    ("4 vpmaddubsw + 4 vpsrlw", _ops("vpmaddubsw", LO) + _ops("vpsrlw", range(4, 6), "$4, %%ymm8")
+     + _ops("vpsrlw", range(6, 8), "$4, %%ymm9")),
+    ("4 vpshufd + 4 vpaddw", _ops("vpshufd", LO, "$0, %%ymm8") + _ops("vpaddw", HI)),
+    ("4 vpshufd + 4 vpmaddubsw", _ops("vpshufd", LO, "$0, %%ymm8") + _ops("vpmaddubsw", HI)),
+    # 1.5 cycles a pass: the broadcasts beside the adds; 2: in their slots
+    ("2 vpbroadcastd + 6 vpaddw", _bcast(range(2)) + _ops("vpaddw", range(2, 8))),
+]
+
+_CASES = "\n".join(f'    case {i}: LOOP("{"".join(ins + chr(92) + "n" for ins in body)}"); break;'
+                   for i, (_, body) in enumerate(LOOPS))
+
 _SRC = r"""
 #include <chrono>
 #include <cstdint>
@@ -24,11 +58,6 @@ static double seconds(std::chrono::steady_clock::time_point t0) {
 }
 
 #define CLOBBER "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "cc", "memory"
-#define EIGHT(OP) OP " %%ymm8, %%ymm9, %%ymm0\n" OP " %%ymm8, %%ymm9, %%ymm1\n" OP " %%ymm8, %%ymm9, %%ymm2\n" \
-  OP " %%ymm8, %%ymm9, %%ymm3\n" OP " %%ymm8, %%ymm9, %%ymm4\n" OP " %%ymm8, %%ymm9, %%ymm5\n" \
-  OP " %%ymm8, %%ymm9, %%ymm6\n" OP " %%ymm8, %%ymm9, %%ymm7\n"
-#define FOUR_BCAST "vpbroadcastd (%1), %%ymm0\nvpbroadcastd 4(%1), %%ymm1\nvpbroadcastd 8(%1), %%ymm2\n" \
-  "vpbroadcastd 12(%1), %%ymm3\n"
 #define LOOP(BODY) asm volatile("vpxor %%ymm8, %%ymm8, %%ymm8\nvpxor %%ymm9, %%ymm9, %%ymm9\n1:\n" BODY \
                                 "dec %0\njnz 1b" : "+r"(n) : "r"(buf) : CLOBBER)
 
@@ -40,63 +69,11 @@ double run(int64_t which, int64_t iters) {
   switch (which) {
     case -1: { uint64_t a = 0; asm volatile("1:\nadd $1, %1\nadd $1, %1\nadd $1, %1\nadd $1, %1\ndec %0\njnz 1b"
                                             : "+r"(n), "+r"(a) :: "cc"); break; }
-    case 0: LOOP(EIGHT("vpaddw")); break;
-    case 1: LOOP(EIGHT("vpmaddubsw")); break;
-    case 2: LOOP(EIGHT("vpmaddwd")); break;
-    case 3: LOOP(EIGHT("vpsignb")); break;
-    case 4: LOOP(EIGHT("vfmadd231ps")); break;
-    case 5: LOOP(EIGHT("vmulps")); break;
-    case 6: LOOP("vcvtdq2ps %%ymm8, %%ymm0\nvcvtdq2ps %%ymm8, %%ymm1\nvcvtdq2ps %%ymm8, %%ymm2\nvcvtdq2ps %%ymm8, %%ymm3\n"
-                 "vcvtdq2ps %%ymm9, %%ymm4\nvcvtdq2ps %%ymm9, %%ymm5\nvcvtdq2ps %%ymm9, %%ymm6\nvcvtdq2ps %%ymm9, %%ymm7\n");
-            break;
-    case 7: LOOP(FOUR_BCAST "vpbroadcastd 16(%1), %%ymm4\nvpbroadcastd 20(%1), %%ymm5\nvpbroadcastd 24(%1), %%ymm6\n"
-                 "vpbroadcastd 28(%1), %%ymm7\n"); break;
-    case 8: LOOP("vpmaddubsw %%ymm8, %%ymm9, %%ymm0\nvpmaddubsw %%ymm8, %%ymm9, %%ymm1\nvpmaddubsw %%ymm8, %%ymm9, %%ymm2\n"
-                 "vpmaddubsw %%ymm8, %%ymm9, %%ymm3\nvpaddw %%ymm8, %%ymm9, %%ymm4\nvpaddw %%ymm8, %%ymm9, %%ymm5\n"
-                 "vpaddw %%ymm8, %%ymm9, %%ymm6\nvpaddw %%ymm8, %%ymm9, %%ymm7\n"); break;
-    case 9: LOOP(FOUR_BCAST "vpmaddubsw %%ymm8, %%ymm0, %%ymm4\nvpmaddubsw %%ymm8, %%ymm1, %%ymm5\n"
-                 "vpmaddubsw %%ymm8, %%ymm2, %%ymm6\nvpmaddubsw %%ymm8, %%ymm3, %%ymm7\n"); break;
-    case 10: LOOP("vpmaddubsw %%ymm8, %%ymm9, %%ymm0\nvpmaddubsw %%ymm8, %%ymm9, %%ymm1\nvpmaddubsw %%ymm8, %%ymm9, %%ymm2\n"
-                  "vpmaddubsw %%ymm8, %%ymm9, %%ymm3\nvfmadd231ps %%ymm8, %%ymm9, %%ymm4\n"
-                  "vfmadd231ps %%ymm8, %%ymm9, %%ymm5\nvfmadd231ps %%ymm8, %%ymm9, %%ymm6\n"
-                  "vfmadd231ps %%ymm8, %%ymm9, %%ymm7\n"); break;
-    case 11: LOOP("vpmaddubsw %%ymm8, %%ymm9, %%ymm0\nvpmaddubsw %%ymm8, %%ymm9, %%ymm1\nvpmaddubsw %%ymm8, %%ymm9, %%ymm2\n"
-                  "vpmaddubsw %%ymm8, %%ymm9, %%ymm3\nvcvtdq2ps %%ymm8, %%ymm4\nvcvtdq2ps %%ymm8, %%ymm5\n"
-                  "vcvtdq2ps %%ymm9, %%ymm6\nvcvtdq2ps %%ymm9, %%ymm7\n"); break;
-    case 12: LOOP("vpmaddubsw %%ymm8, %%ymm9, %%ymm0\nvpmaddubsw %%ymm8, %%ymm9, %%ymm1\nvpmaddubsw %%ymm8, %%ymm9, %%ymm2\n"
-                  "vpmaddubsw %%ymm8, %%ymm9, %%ymm3\nvpsignb %%ymm8, %%ymm9, %%ymm4\nvpsignb %%ymm8, %%ymm9, %%ymm5\n"
-                  "vpsignb %%ymm8, %%ymm9, %%ymm6\nvpsignb %%ymm8, %%ymm9, %%ymm7\n"); break;
-    case 13: LOOP(FOUR_BCAST "vpaddw %%ymm8, %%ymm9, %%ymm4\nvpaddw %%ymm8, %%ymm9, %%ymm5\nvpaddw %%ymm8, %%ymm9, %%ymm6\n"
-                  "vpaddw %%ymm8, %%ymm9, %%ymm7\n"); break;
-    case 14: LOOP("vpmaddubsw (%1), %%ymm9, %%ymm0\nvpmaddubsw (%1), %%ymm9, %%ymm1\nvpmaddubsw (%1), %%ymm9, %%ymm2\n"
-                  "vpmaddubsw (%1), %%ymm9, %%ymm3\nvpmaddubsw (%1), %%ymm9, %%ymm4\nvpmaddubsw (%1), %%ymm9, %%ymm5\n"
-                  "vpmaddubsw (%1), %%ymm9, %%ymm6\nvpmaddubsw (%1), %%ymm9, %%ymm7\n"); break;
-    case 15: LOOP("vpmaddubsw %%ymm8, %%ymm9, %%ymm0\nvpmaddubsw %%ymm8, %%ymm9, %%ymm1\nvpmaddubsw %%ymm8, %%ymm9, %%ymm2\n"
-                  "vpmaddubsw %%ymm8, %%ymm9, %%ymm3\nvpsrlw $4, %%ymm8, %%ymm4\nvpsrlw $4, %%ymm8, %%ymm5\n"
-                  "vpsrlw $4, %%ymm9, %%ymm6\nvpsrlw $4, %%ymm9, %%ymm7\n"); break;
-    case 16: LOOP("vpshufd $0, %%ymm8, %%ymm0\nvpshufd $0, %%ymm8, %%ymm1\nvpshufd $0, %%ymm8, %%ymm2\nvpshufd $0, %%ymm8, %%ymm3\n"
-                  "vpaddw %%ymm8, %%ymm9, %%ymm4\nvpaddw %%ymm8, %%ymm9, %%ymm5\nvpaddw %%ymm8, %%ymm9, %%ymm6\n"
-                  "vpaddw %%ymm8, %%ymm9, %%ymm7\n"); break;
-    case 17: LOOP("vpshufd $0, %%ymm8, %%ymm0\nvpshufd $0, %%ymm8, %%ymm1\nvpshufd $0, %%ymm8, %%ymm2\nvpshufd $0, %%ymm8, %%ymm3\n"
-                  "vpmaddubsw %%ymm8, %%ymm9, %%ymm4\nvpmaddubsw %%ymm8, %%ymm9, %%ymm5\nvpmaddubsw %%ymm8, %%ymm9, %%ymm6\n"
-                  "vpmaddubsw %%ymm8, %%ymm9, %%ymm7\n"); break;
-    case 18: LOOP("vpbroadcastd (%1), %%ymm0\nvpbroadcastd 4(%1), %%ymm1\nvpaddw %%ymm8, %%ymm9, %%ymm2\n"
-                  "vpaddw %%ymm8, %%ymm9, %%ymm3\nvpaddw %%ymm8, %%ymm9, %%ymm4\nvpaddw %%ymm8, %%ymm9, %%ymm5\n"
-                  "vpaddw %%ymm8, %%ymm9, %%ymm6\nvpaddw %%ymm8, %%ymm9, %%ymm7\n"); break;
+""" + _CASES + r"""
   }
   return seconds(t0);
 }
 """
-
-LOOPS = [  # (index in run(), label)
-    (0, "vpaddw"), (1, "vpmaddubsw"), (2, "vpmaddwd"), (3, "vpsignb"), (4, "vfmadd231ps"), (5, "vmulps"),
-    (6, "vcvtdq2ps"), (7, "vpbroadcastd ymm, m32"), (8, "4 vpmaddubsw + 4 vpaddw"),
-    (9, "4 vpbroadcastd + 4 vpmaddubsw"), (10, "4 vpmaddubsw + 4 vfmadd231ps"),
-    (11, "4 vpmaddubsw + 4 vcvtdq2ps"), (12, "4 vpmaddubsw + 4 vpsignb"),
-    (13, "4 vpbroadcastd + 4 vpaddw"), (14, "vpmaddubsw ymm, ymm, m256"), (15, "4 vpmaddubsw + 4 vpsrlw"),
-    (16, "4 vpshufd + 4 vpaddw"), (17, "4 vpshufd + 4 vpmaddubsw"),
-    (18, "2 vpbroadcastd + 6 vpaddw"),  # 1.5 cycles a pass: broadcasts beside the adds; 2: in their slots
-]
 
 
 def main() -> None:
@@ -107,7 +84,7 @@ def main() -> None:
     ghz = max(4 * iters / ext.run(-1, iters) / 1e9 for _ in range(3))
     print(f"core clock (dependent scalar adds): {ghz:.2f} GHz")
     print(f"{'instructions (8 a pass, independent)':40s} per cycle, cycles a pass")
-    for which, label in LOOPS:
+    for which, (label, _) in enumerate(LOOPS):
         best = min(ext.run(which, iters) for _ in range(3))
         print(f"{label:40s} {8 * iters / best / 1e9 / ghz:5.2f}  {best * ghz * 1e9 / iters:5.2f}")
 
