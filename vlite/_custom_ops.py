@@ -30,7 +30,9 @@ ENV_KERNELS = "VLITE_CPU_KERNELS"
 ENV_ISA = "VLITE_CPU_ISA"
 ISAS = ("avx512", "avx2", "portable")  # best first
 _CSRC = Path(__file__).parent / "csrc" / "cpu"
-_SOURCES = ("bindings.cpp", "quant_linear.cpp", "decode_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "vec.h")
+_SOURCES = ("bindings.cpp", "quant_linear.cpp", "decode_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "vec.h",
+            "ops.h")
+_UNITS = ("bindings.cpp", "quant_linear.cpp")  # translation units, compiled in parallel (ninja)
 
 _REQUIRED_FLAGS = {
     "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"),
@@ -60,7 +62,9 @@ def requested_isa() -> str:
 
 
 def _compile_flags(isa: str) -> list[str]:
-    flags = ["-O3", "-fopenmp", "-ffp-contract=off"]  # no silent FMA contraction: dequantize stays exact
+    # no silent FMA contraction: dequantize stays exact. Hidden symbols: each ISA's module binds its
+    # own kernels (two builds load into one process; only PyInit is exported, by pybind11).
+    flags = ["-O3", "-fopenmp", "-ffp-contract=off", "-fvisibility=hidden"]
     if isa == "avx2":
         flags += ["-mavx2", "-mfma", "-mf16c"]
     elif isa == "avx512":
@@ -125,9 +129,9 @@ def build(isa: str) -> Any:
 
     flags = _compile_flags(isa)
     name = _build_name(isa, flags)
-    logger.info("loading vlite's %s CPU kernels (compiled on first use, ~30 s, then cached)", isa)
+    logger.info("loading vlite's %s CPU kernels (compiled on first use, ~40 s, then cached)", isa)
     with _build_guard(name):
-        return load_extension(name=name, sources=[str(_CSRC / "bindings.cpp")], extra_cflags=flags,
+        return load_extension(name=name, sources=[str(_CSRC / u) for u in _UNITS], extra_cflags=flags,
                               extra_ldflags=["-fopenmp"], extra_include_paths=[str(_CSRC)], verbose=False)
 
 

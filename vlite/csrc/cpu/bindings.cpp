@@ -1,10 +1,13 @@
-// One extension module per ISA build (vlite/_custom_ops.py compiles and picks it), built as one
-// translation unit: parsing torch's headers is most of the compile time.
-#include <torch/extension.h>
+// One extension module per ISA build (vlite/_custom_ops.py compiles and picks it), from two
+// translation units compiled side by side: quant_linear.cpp (the heaviest, ~28 s at -O3) and this
+// one with the rest. Both include ATen alone and this one torch's pybind11 casters, not
+// <torch/extension.h>: that pulls in the whole C++ frontend, 37 s of parsing per file here.
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
+#include "ops.h"
 #include "decode_attention.cpp"
 #include "layer_ops.cpp"
-#include "quant_linear.cpp"
 #include "decode_layer.cpp"
 
 std::string isa() {
@@ -21,10 +24,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("value_cache"), pybind11::arg("block_table"), pybind11::arg("seq_lens"), pybind11::arg("scale"),
         pybind11::arg("window") = 0);
   m.def("quantize_activations", &vlite::quantize_activations, pybind11::arg("x"), pybind11::arg("precise") = false);
-  m.def("tile_rows", []() { return vlite::kTile; }, "output rows per tile of the packed weight layout");
-  m.def("precise_max_rows", []() { return vlite::kPreciseMaxRows; },
+  m.def("tile_rows", &vlite::tile_rows, "output rows per tile of the packed weight layout");
+  m.def("precise_max_rows", &vlite::precise_max_rows,
         "float32 activations get an int8 residual row in steps of at most this many rows");
-  m.def("set_precise_rows", [](int64_t n) { vlite::g_precise_rows = n; },
+  m.def("set_precise_rows", &vlite::set_precise_rows,
         "the row count that decides the residual row (-1: each call's own); see precise_rows in Python");
   m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qt"), pybind11::arg("scales"),
         pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("n"),
@@ -32,7 +35,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("out_dtype") = pybind11::none());
   m.def("write_kv_cache", &vlite::write_kv_cache);
   pybind11::class_<vlite::PackedLinear>(m, "PackedLinear", pybind11::module_local())  // one per ISA module
-      .def(pybind11::init<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,
+      .def(pybind11::init<at::Tensor, at::Tensor, c10::optional<at::Tensor>, int64_t, int64_t, int64_t,
                           c10::optional<bool>>());
   pybind11::class_<vlite::LlamaDecodeStack>(m, "LlamaDecodeStack", pybind11::module_local())
       .def(pybind11::init<>())

@@ -7,8 +7,8 @@
 // Scores, softmax and the output accumulator are float32, in Vec16 lanes (vec.h), so the same code
 // runs on AVX-512, AVX2 and the portable build. With a bf16 cache on a CPU with AVX512_BF16, the
 // scores and the P.V sums are `vdpbf16ps` dot products into float32 instead (kBf16Dot, pv_bf16).
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
 
 #include <algorithm>
 #include <cstring>
@@ -560,9 +560,9 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
 // query [N, H, D]; key_cache, value_cache [H_kv, num_blocks, block_size, D] (contiguous);
 // block_table [N, max_blocks] int64; seq_lens [N] int64 -> out [N, H, D]
 // window > 0: each query sees only the last `window` keys of its sequence (sliding-window layers)
-torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
-                                     torch::Tensor block_table, torch::Tensor seq_lens, double scale,
-                                     int64_t window = 0) {
+at::Tensor paged_decode_attention(at::Tensor query, at::Tensor key_cache, at::Tensor value_cache,
+                                  at::Tensor block_table, at::Tensor seq_lens, double scale,
+                                  int64_t window = 0) {
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes());
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous());
   TORCH_CHECK(block_table.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong);
@@ -570,7 +570,7 @@ torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cach
   TORCH_CHECK(query.size(1) % key_cache.size(0) == 0 && key_cache.size(3) == query.size(2));
   TORCH_CHECK(query.size(2) % 16 == 0 && query.size(2) <= 256, "head size must be a multiple of 16, at most 256");
   auto q = query.contiguous(); auto bt = block_table.contiguous(); auto sl = seq_lens.contiguous();
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const int64_t N = q.size(0), D = q.size(2);
   const int64_t* slp = sl.data_ptr<int64_t>();
   for (int64_t n = 0; n < N; ++n)
@@ -605,7 +605,7 @@ namespace vlite {
 // kv_cache [2, H_kv, num_blocks, block_size, D] (contiguous); key, value [T, H_kv, D] (any strides
 // with contiguous heads); slot_mapping [T] int64: cache slot of each token. One call instead of
 // two index_copy_ per layer.
-void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, torch::Tensor slot_mapping) {
+void write_kv_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache, at::Tensor slot_mapping) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.is_contiguous() && key.dim() == 3 && value.sizes() == key.sizes());
   TORCH_CHECK(key.scalar_type() == kv_cache.scalar_type() && value.scalar_type() == kv_cache.scalar_type());
   TORCH_CHECK(key.stride(2) == 1 && value.stride(2) == 1 && slot_mapping.scalar_type() == at::kLong);

@@ -2,37 +2,37 @@
 // Python layer calls one by one (rms_norm, quant_linear, rotary_inplace, write_kv_cache,
 // paged_decode_attention, silu_and_mul), minus ~10 Python-level calls per layer. At one token
 // per request, those calls cost about as much as the arithmetic.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 namespace vlite {
 
 struct PackedLinear {
-  torch::Tensor qt, scales;
-  c10::optional<torch::Tensor> mins;
+  at::Tensor qt, scales;
+  c10::optional<at::Tensor> mins;
   int64_t fmt, sub, n;
   c10::optional<bool> precise;  // None: float32 activations get the residual row
 };
 
-static torch::Tensor run_linear(const torch::Tensor& x, const PackedLinear& w,
-                                c10::optional<torch::Tensor> residual = c10::nullopt) {
+static at::Tensor run_linear(const at::Tensor& x, const PackedLinear& w,
+                             c10::optional<at::Tensor> residual = c10::nullopt) {
   return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n, residual, w.precise);
 }
 
 // One layer's weights: norms, the packed qkv, o, gate_up and down projections (row-tiled qt, scales,
 // mins or None, fmt, sub, rows), the qkv bias if any, and its head counts.
 struct LlamaLayer {
-  torch::Tensor input_norm, post_norm;
+  at::Tensor input_norm, post_norm;
   double eps;
   std::vector<PackedLinear> linears;
-  c10::optional<torch::Tensor> qkv_bias;
+  c10::optional<at::Tensor> qkv_bias;
   int64_t num_heads, num_kv_heads, head_dim;
 };
 
 // hidden [T, hidden] (every token a decode) -> the layer's output hidden [T, hidden]
-static torch::Tensor llama_decode_layer(torch::Tensor hidden, const LlamaLayer& l, const torch::Tensor& cos,
-                                        const torch::Tensor& signed_sin, const torch::Tensor& kv_cache,
-                                        const torch::Tensor& slot_mapping, const torch::Tensor& block_table,
-                                        const torch::Tensor& seq_lens, double scale) {
+static at::Tensor llama_decode_layer(at::Tensor hidden, const LlamaLayer& l, const at::Tensor& cos,
+                                     const at::Tensor& signed_sin, const at::Tensor& kv_cache,
+                                     const at::Tensor& slot_mapping, const at::Tensor& block_table,
+                                     const at::Tensor& seq_lens, double scale) {
   const int64_t T = hidden.size(0), num_heads = l.num_heads, num_kv_heads = l.num_kv_heads, head_dim = l.head_dim;
   auto x = rms_norm(hidden, l.input_norm, l.eps);
   auto qkv = run_linear(x, l.linears[0]);
@@ -54,16 +54,16 @@ static torch::Tensor llama_decode_layer(torch::Tensor hidden, const LlamaLayer& 
 struct LlamaDecodeStack {
   std::vector<LlamaLayer> layers;
 
-  void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, double eps, std::vector<PackedLinear> linears,
-                 c10::optional<torch::Tensor> qkv_bias, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+  void add_layer(at::Tensor input_norm, at::Tensor post_norm, double eps, std::vector<PackedLinear> linears,
+                 c10::optional<at::Tensor> qkv_bias, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
     TORCH_CHECK(linears.size() == 4, "LlamaDecodeStack: qkv, o, gate_up, down");
     layers.push_back({input_norm, post_norm, eps, std::move(linears), qkv_bias, num_heads, num_kv_heads, head_dim});
   }
 
   // hidden [T, hidden] after the embedding; kv_caches: one per layer; returns the last layer's output
-  torch::Tensor forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor signed_sin,
-                        const std::vector<torch::Tensor>& kv_caches, torch::Tensor slot_mapping,
-                        torch::Tensor block_table, torch::Tensor seq_lens, double scale) const {
+  at::Tensor forward(at::Tensor hidden, at::Tensor cos, at::Tensor signed_sin,
+                     const std::vector<at::Tensor>& kv_caches, at::Tensor slot_mapping,
+                     at::Tensor block_table, at::Tensor seq_lens, double scale) const {
     TORCH_CHECK(kv_caches.size() == layers.size(), "LlamaDecodeStack: ", layers.size(), " layers but ",
                 kv_caches.size(), " KV caches");
     for (size_t i = 0; i < layers.size(); ++i)

@@ -3,8 +3,8 @@
 //   rms_norm:       y = w * (x / sqrt(mean(x^2) + eps)), statistics in float32
 //   silu_and_mul:   y = silu(gate) * up for gate_up = [gate | up]
 //   rotary_inplace: the first `heads` heads of each token rotated in place (rotate-half form)
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
 
 #include "vec.h"
 
@@ -72,11 +72,11 @@ void rotary_impl(T* x, int64_t T_, int64_t stride, int64_t heads, int64_t D, con
 }
 }  // namespace
 
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   TORCH_CHECK(x.size(-1) == weight.numel() && x.size(-1) % 16 == 0, "rms_norm: hidden size must match, multiple of 16");
   TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "rms_norm: x and weight must share a dtype");
   auto xc = x.contiguous();
-  auto y = torch::empty_like(xc);
+  auto y = at::empty_like(xc);
   const int64_t D = x.size(-1), rows = xc.numel() / D;
   if (x.scalar_type() == at::kFloat)
     rms_norm_impl(xc.data_ptr<float>(), weight.data_ptr<float>(), y.data_ptr<float>(), rows, D, (float)eps);
@@ -88,11 +88,11 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   return y;
 }
 
-torch::Tensor silu_and_mul(torch::Tensor gate_up) {
+at::Tensor silu_and_mul(at::Tensor gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 32 == 0, "silu_and_mul: [T, 2I] with I a multiple of 16");
   auto gu = gate_up.contiguous();
   const int64_t rows = gu.size(0), I = gu.size(1) / 2;
-  auto y = torch::empty({rows, I}, gu.options());
+  auto y = at::empty({rows, I}, gu.options());
   if (gu.scalar_type() == at::kFloat)
     silu_and_mul_impl(gu.data_ptr<float>(), y.data_ptr<float>(), rows, I);
   else if (gu.scalar_type() == at::kBFloat16)
@@ -104,7 +104,7 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
 
 // x [T, stride] (rows of heads of size D, contiguous rows): heads 0..heads-1 rotated in place;
 // cos, signed_sin [T, D] float32 (rotate-half's sign folded into the sine)
-void rotary_inplace(torch::Tensor x, int64_t heads, int64_t head_dim, torch::Tensor cos, torch::Tensor signed_sin) {
+void rotary_inplace(at::Tensor x, int64_t heads, int64_t head_dim, at::Tensor cos, at::Tensor signed_sin) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && head_dim <= 512 && heads * head_dim <= x.size(1), "rotary: bad x");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && signed_sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
               signed_sin.is_contiguous() && cos.numel() == x.size(0) * head_dim, "rotary: cos/sin [T, D] float32");

@@ -14,13 +14,14 @@
 // q4 tiles hold the nibbles as GGUF does (low: inputs 0..15, high: 16..31), q8 tiles hold w + 128 as
 // uint8 (VNNI multiplies u8 weights by s8 activations and subtracts 128 * sum(qx); the AVX2 build
 // recovers the signed value and uses the sign trick so the int16 pair sums never saturate).
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
 
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "ops.h"
 #include "vec.h"
 
 namespace vlite {
@@ -596,7 +597,7 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
   });
 }
 
-void check_tiled(const torch::Tensor& qt, const torch::Tensor& st, const c10::optional<torch::Tensor>& mt,
+void check_tiled(const at::Tensor& qt, const at::Tensor& st, const c10::optional<at::Tensor>& mt,
                  int64_t fmt, int64_t sub, int64_t N, int64_t K) {
   TORCH_CHECK(fmt == 4 || fmt == 8, "fmt must be 4 or 8");
   TORCH_CHECK(sub == 32 || (sub == 16 && fmt == 8), "sub must be 32 (or 16 for q8)");
@@ -619,14 +620,14 @@ void check_tiled(const torch::Tensor& qt, const torch::Tensor& st, const c10::op
 // x [M, K] float32/bf16 -> (int8 [R, K], float32 d [R, K/32], float32 d * sum(q) [R, K/32],
 // int32 sum(q) per 16 inputs [R, K/16]), R = M, or 2M with `precise` (rows 2m, 2m+1: value and
 // residual of x[m])
-std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool precise) {
+std::vector<at::Tensor> quantize_activations(at::Tensor x, bool precise) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) % QK == 0, "x must be [M, K] with K a multiple of 32");
   auto xc = x.contiguous();
   const int64_t M = xc.size(0), K = xc.size(1), R = precise ? 2 * M : M;
-  auto q = torch::empty({R, K}, torch::kInt8);
-  auto d = torch::empty({R, K / QK}, torch::kFloat);
-  auto ds = torch::empty({R, K / QK}, torch::kFloat);
-  auto is = torch::empty({R, 2 * (K / QK)}, torch::kInt);
+  auto q = at::empty({R, K}, at::kChar);
+  auto d = at::empty({R, K / QK}, at::kFloat);
+  auto ds = at::empty({R, K / QK}, at::kFloat);
+  auto is = at::empty({R, 2 * (K / QK)}, at::kInt);
   auto run = [&](auto tag) {
     using T = decltype(tag);
     quantize_rows(xc.data_ptr<T>(), M, K, precise, q.data_ptr<int8_t>(), d.data_ptr<float>(), ds.data_ptr<float>(),
@@ -644,16 +645,15 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool precise) {
 // activations in steps of at most kPreciseMaxRows rows. `residual`: a skip connection (of the
 // output's dtype) added in float32 as the outputs are written. The sums are float32 whatever the
 // dtypes: a float32 output of bf16 activations (the LM head's logits) is not rounded to bf16.
-torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qt, torch::Tensor st, c10::optional<torch::Tensor> mt,
-                           int64_t fmt, int64_t sub, int64_t N, c10::optional<torch::Tensor> residual = c10::nullopt,
-                           c10::optional<bool> precise_opt = c10::nullopt,
-                           c10::optional<at::ScalarType> out_dtype = c10::nullopt) {
+at::Tensor quant_linear(at::Tensor x, at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt, int64_t fmt,
+                        int64_t sub, int64_t N, c10::optional<at::Tensor> residual, c10::optional<bool> precise_opt,
+                        c10::optional<at::ScalarType> out_dtype) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D");
   const int64_t M = x.size(0), K = x.size(1);
   check_tiled(qt, st, mt, fmt, sub, N, K);
   const at::ScalarType odt = out_dtype.value_or(x.scalar_type());
   TORCH_CHECK(odt == at::kFloat || odt == at::kBFloat16, "quant_linear: out_dtype must be float32 or bfloat16");
-  auto out = torch::empty({M, N}, x.options().dtype(odt));
+  auto out = at::empty({M, N}, x.options().dtype(odt));
   if (residual.has_value())
     TORCH_CHECK(residual->is_contiguous() && residual->scalar_type() == odt && residual->dim() == 2 &&
                 residual->size(0) == M && residual->size(1) == N, "quant_linear: residual must be a contiguous [M, N] "
@@ -726,12 +726,11 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qt, torch::Tensor st, 
 // more than filling them).
 // `rows` (int64 [R]): only those rows, in that order (an embedding lookup from the tied LM head's
 // weights) -> [R, K].
-torch::Tensor dequantize(torch::Tensor qt, torch::Tensor st, c10::optional<torch::Tensor> mt, int64_t fmt, int64_t sub,
-                         int64_t N, at::ScalarType dtype, c10::optional<torch::Tensor> out_buffer,
-                         c10::optional<torch::Tensor> rows) {
+at::Tensor dequantize(at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt, int64_t fmt, int64_t sub, int64_t N,
+                      at::ScalarType dtype, c10::optional<at::Tensor> out_buffer, c10::optional<at::Tensor> rows) {
   const int64_t K = qt.size(1) * (fmt == 4 ? 2 : 1) / kTile;
   check_tiled(qt, st, mt, fmt, sub, N, K);
-  torch::Tensor idx;
+  at::Tensor idx;
   if (rows.has_value()) {
     TORCH_CHECK(rows->dim() == 1 && rows->scalar_type() == at::kLong, "dequantize: rows must be a 1-D int64 tensor");
     idx = rows->contiguous();
@@ -741,13 +740,13 @@ torch::Tensor dequantize(torch::Tensor qt, torch::Tensor st, c10::optional<torch
   }
   const int64_t R = rows.has_value() ? idx.numel() : N;
   const int64_t* row_ids = rows.has_value() ? idx.data_ptr<int64_t>() : nullptr;
-  torch::Tensor out;
+  at::Tensor out;
   if (out_buffer.has_value()) {
     out = *out_buffer;
     TORCH_CHECK(out.is_contiguous() && out.scalar_type() == dtype && out.dim() == 2 && out.size(0) == R &&
                 out.size(1) == K, "dequantize: out must be a contiguous [rows, K] tensor of the requested dtype");
   } else {
-    out = torch::empty({R, K}, torch::TensorOptions().dtype(dtype));
+    out = at::empty({R, K}, at::TensorOptions().dtype(dtype));
   }
   const uint8_t* w = qt.data_ptr<uint8_t>();
   const int64_t nb = K / QK, block_bytes = fmt == 4 ? kTile * QK / 2 : kTile * QK;
@@ -797,5 +796,9 @@ torch::Tensor dequantize(torch::Tensor qt, torch::Tensor st, c10::optional<torch
   else TORCH_CHECK(false, "dequantize: float32 or bfloat16 only");
   return out;
 }
+
+int64_t tile_rows() { return kTile; }
+int64_t precise_max_rows() { return kPreciseMaxRows; }
+void set_precise_rows(int64_t n) { g_precise_rows = n; }
 
 }  // namespace vlite
