@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.prompts import corpus_ids, prompts_of_lengths
-from tests.e2e.reference import hf_greedy
+from tests.e2e.reference import hf_greedy_batch
 
 LENGTHS = [1, 3, 12, 45, 130, 260, 420, 600]
 MAX_NEW = 64
@@ -19,7 +19,7 @@ def prompts(hf_tokenizer):
 
 @pytest.fixture(scope="session")
 def references(hf_model, prompts):
-    return [hf_greedy(hf_model, p, MAX_NEW) for p in prompts]
+    return hf_greedy_batch(hf_model, prompts, MAX_NEW)
 
 
 @pytest.fixture(scope="session")
@@ -34,4 +34,4 @@ def shared_prefix_prompts(hf_tokenizer):
 
 @pytest.fixture(scope="session")
 def shared_prefix_references(hf_model, shared_prefix_prompts):
-    return [hf_greedy(hf_model, p, 32) for p in shared_prefix_prompts]
+    return hf_greedy_batch(hf_model, shared_prefix_prompts, 32)

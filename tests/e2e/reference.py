@@ -39,6 +39,38 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> Reference:
     return Reference(tokens, torch.stack(lps))
 
 
+@torch.inference_mode()
+def hf_greedy_batch(model, prompts: list[list[int]], max_new_tokens: int) -> list[Reference]:
+    """hf_greedy for several prompts in one batch (left-padded, masked): each forward reads the
+    weights once for all of them, ~6x faster for the suite's eight prompts on a CPU. The padding
+    changes only the GEMMs' shapes (last-bit differences, well inside ATOL and NEAR_TIE)."""
+    if len(prompts) == 1:
+        return [hf_greedy(model, prompts[0], max_new_tokens)]
+    params = inspect.signature(model.forward).parameters
+    name = "cache" if "cache" in params else "past_key_values"
+    last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    pad = [width - len(p) for p in prompts]
+    ids = torch.tensor([[0] * n + list(p) for n, p in zip(pad, prompts)], device=device)
+    mask = torch.tensor([[0] * n + [1] * len(p) for n, p in zip(pad, prompts)], device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **last)
+    past, logits = getattr(out, name), out.logits[:, -1]
+    tokens, lps = [], []
+    for _ in range(max_new_tokens):
+        lps.append(torch.log_softmax(logits.float(), -1).cpu())
+        token = logits.argmax(-1)
+        tokens.append(token.cpu())
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = positions[:, -1:] + 1
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
+                    **{name: past})
+        past, logits = getattr(out, name), out.logits[:, -1]
+    token_ids, logprobs = torch.stack(tokens, 1), torch.stack(lps, 1)
+    return [Reference(token_ids[i].tolist(), logprobs[i]) for i in range(len(prompts))]
+
+
 def compare_greedy(ours: list[int], our_logprobs, ref: Reference, atol: float) -> dict:
     """Token-identical up to the first divergence, which must follow a near-tie in the reference.
 

@@ -379,16 +379,16 @@ def test_huge_prompt_does_not_stall_other_streams(server):
 
 
 def test_short_soak_no_lost_requests_no_leaks(server):
-    """25 s of 4 clients: streaming and not, completions and chat, disconnects, abandoned calls, bad input.
+    """15 s of 4 clients: streaming and not, completions and chat, disconnects, abandoned calls, bad input.
 
     Each client's sequence of requests is fixed by the seed, and each sends at least 4 whatever the
     machine's speed: with seed 3 those include streams dropped after 1 and 3 events, an abandoned
-    call and bad input. A normal machine sends a few dozen in the 25 s.
+    call and bad input. A normal machine sends a few dozen in the 15 s (benchmarks/soak.py runs longer ones).
     """
     # Warm up first, so that allocator growth from the first batches is not counted as a leak.
     asyncio.run(soak(server.url, server.api_key, duration=3, concurrency=4, max_requests=20, seed=99))
     before = _rss_pair(server)
-    report = asyncio.run(soak(server.url, server.api_key, duration=25, concurrency=4, max_requests=300,
+    report = asyncio.run(soak(server.url, server.api_key, duration=15, concurrency=4, max_requests=300,
                               api_pid=server.proc.pid, seed=3, request_timeout=90, min_requests_per_client=4))
     after = _rss_pair(server)
     print("\n" + report.summary())
