@@ -65,15 +65,15 @@ def test_shared_prefix_computed_once(hf_tokenizer):
 
     ids = corpus_ids(hf_tokenizer)
     prefix = ids[5000:5512]
-    prompts = [prefix + ids[9000 + 31 * i:9000 + 31 * i + 8] for i in range(16)]
+    prompts = [prefix + ids[9000 + 31 * i:9000 + 31 * i + 8] for i in range(8)]
     llm = LLM(dtype="float32")
     m0 = llm.get_metrics()
     cached = _run(llm, prompts)
     m = llm.get_metrics()
     hits = m["prefix_cache_hits"] - m0["prefix_cache_hits"]
     queries = m["prefix_cache_queries"] - m0["prefix_cache_queries"]
-    assert hits == 15 * 512, f"the 512-token prefix should be computed once, got {hits} cached tokens"
-    assert queries - hits == 512 + 16 * 8  # tokens actually computed for the prompts
+    assert hits == 7 * 512, f"the 512-token prefix should be computed once, got {hits} cached tokens"
+    assert queries - hits == 512 + 8 * 8  # tokens actually computed for the prompts
     _assert_no_leak(llm)
     uncached = _run(LLM(dtype="float32", enable_prefix_caching=False), prompts)
     for a, b in zip(cached, uncached):

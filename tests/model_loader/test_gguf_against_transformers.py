@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,21 +23,9 @@ def ours(resolved: ResolvedModel) -> tuple[LlamaArchConfig, dict[str, torch.Tens
 
 
 @pytest.fixture(scope="module")
-def reference(resolved: ResolvedModel) -> Iterator[Any]:
-    """transformers' model loaded from the same file (the reference implementation)."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    try:
-        assert resolved.gguf_file is not None
-        model = AutoModelForCausalLM.from_pretrained(
-            str(resolved.path), gguf_file=resolved.gguf_file.name, dtype=torch.float32
-        )
-    finally:
-        hf_logging.enable_progress_bar()
-    yield model
-    del model
+def reference(hf_model: Any) -> Any:
+    """transformers' model loaded from the same file (the reference implementation; the session's)."""
+    return hf_model
 
 
 def test_resolve_default(resolved: ResolvedModel) -> None:

@@ -79,7 +79,7 @@ _schemas = st.recursive(_leaf, lambda children: st.one_of(_object(children), _ar
 _top = st.one_of(_object(_schemas), _array(_object(_leaf)))
 
 
-@settings(max_examples=4, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+@settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(schemas=st.lists(_top, min_size=6, max_size=6))
