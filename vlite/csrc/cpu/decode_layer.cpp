@@ -4,6 +4,8 @@
 // per request, those calls cost about as much as the arithmetic.
 #include <ATen/ATen.h>
 
+#include "ops.h"
+
 namespace vlite {
 
 struct PackedLinear {
