@@ -34,6 +34,11 @@ void evict(int64_t addr, int64_t n) {
 """
 
 
+def copy_prompts(tokenizer, num_prompts: int, output_len: int) -> list[list[int]]:
+    """As bench latency's iterations: iteration i's own prompt, the kinds (KINDS) taking turns."""
+    return [copy_requests(tokenizer, i + 1, output_len, seed=i)[-1].prompt_token_ids for i in range(num_prompts)]
+
+
 def weight_spans(model: torch.nn.Module) -> list[tuple[int, int]]:
     """(address, bytes) of every tensor storage the model's modules hold, packed weights included."""
     seen: set[int] = set()
@@ -97,8 +102,7 @@ def main() -> None:
             evictors[name] = lambda spans=spans: [ext.evict(a, n) for a, n in spans]
         print(f"evicting {sum(n for _, n in spans) / 2**20:.0f} MiB of weights before each step")
     tok = engines["base"].get_tokenizer()
-    # as bench latency's iterations: iteration i's own prompt, the kinds taking turns
-    prompts = [copy_requests(tok, i + 1, ns.output_len, seed=i)[-1].prompt_token_ids for i in range(ns.num_prompts)]
+    prompts = copy_prompts(tok, ns.num_prompts, ns.output_len)
     for name, llm in engines.items():  # warm-up
         decode_gaps(llm, prompts[0], 16, evictors[name])
     gaps: dict[tuple[str, int], list[np.ndarray]] = {(n, k): [] for n in engines for k in range(len(KINDS))}

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from spec_paired import KINDS, copy_prompts  # the script beside this one (python benchmarks/...)
 
 from vlite import LLM
-from vlite.benchmarks.datasets import copy_requests
 from vlite.config import SpeculativeConfig
 from vlite.sampling_params import SamplingParams
 from vlite.spec_decode.draft_policy import DraftPolicy
@@ -28,7 +28,6 @@ from vlite.spec_decode.ngram_proposer import NgramProposer
 
 # engine steps of 1..9 tokens, x a base step (benchmarks/spec_steps.py, AVX2 path, 2026-12-03)
 AVX2_COST = [1.0, 1.3, 1.5, 1.75, 1.95, 2.1, 2.17, 2.25, 2.8]
-KINDS = ("repeat", "correct typos", "rename function")
 
 
 def replay(data: list[tuple[list[int], list[int]]], cost: np.ndarray, config: SpeculativeConfig,
@@ -74,7 +73,7 @@ def main() -> None:
         parser.error(f"--cost needs {ns.num_speculative_tokens + 1} values (1..k+1 tokens), got {len(cost)}")
     llm = LLM()
     tok = llm.get_tokenizer()
-    prompts = [copy_requests(tok, i + 1, ns.output_len, seed=i)[-1].prompt_token_ids for i in range(ns.num_prompts)]
+    prompts = copy_prompts(tok, ns.num_prompts, ns.output_len)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0.0, max_tokens=ns.output_len), use_tqdm=False)
     data = [(p, list(o.outputs[0].token_ids)) for p, o in zip(prompts, outs)]

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from spec_paired import copy_prompts  # the script beside this one (python benchmarks/...)
 
 from vlite import LLM
-from vlite.benchmarks.datasets import copy_requests
 from vlite.sampling_params import SamplingParams
 
 PARTS = ("exec", "fwd", "logits", "sample")
@@ -80,7 +80,7 @@ def main() -> None:
     instrument(base, record)
     instrument(llm, record)
     tok = llm.get_tokenizer()
-    prompts = [copy_requests(tok, i + 1, ns.output_len, seed=i)[-1].prompt_token_ids for i in range(ns.num_prompts)]
+    prompts = copy_prompts(tok, ns.num_prompts, ns.output_len)
     steps: dict[Any, list[tuple[float, ...]]] = collections.defaultdict(list)
     for i, prompt in enumerate(prompts):
         for name in (["base", "spec"] if i % 2 == 0 else ["spec", "base"]):
