@@ -29,6 +29,32 @@ def test_greedy_keeps_drafts_up_to_first_mismatch_then_argmax():
     assert out.logprobs_tensors.ranks.tolist() == [1] * 6
 
 
+def test_one_greedy_request_alone_as_in_a_batch():
+    """A single stream takes its own path: it keeps what the batched rule keeps, logprobs included."""
+    g = torch.Generator().manual_seed(5)
+    for num_logprobs in (None, 2):
+        for drafts in ([], [1], [4, 4, 4], [0, 1, 2, 3]):
+            logits = torch.randn(len(drafts) + 1, V, generator=g)
+            target = logits.argmax(dim=-1).tolist()
+            drafts = [target[i] if i < len(drafts) - 1 else d for i, d in enumerate(drafts)]  # last may miss
+            other = torch.randn(3, V, generator=g)
+            alone = rejection_sample(logits, make_metadata([{"temperature": 0.0}] * len(target), V,
+                                                           max_num_logprobs=num_logprobs),
+                                     np.array([len(drafts)]), np.array(drafts, dtype=np.int64))
+            batched = rejection_sample(torch.cat([other, logits]),
+                                       make_metadata([{"temperature": 0.0}] * (3 + len(target)), V,
+                                                     max_num_logprobs=num_logprobs),
+                                       np.array([2, len(drafts)]), np.array([0, 0] + drafts, dtype=np.int64))
+            assert alone.output_token_ids == batched.output_token_ids[1:]
+            assert alone.num_accepted.tolist() == batched.num_accepted[1:].tolist()
+            if num_logprobs is None:
+                assert alone.logprobs_tensors is None
+            else:
+                n = len(alone.output_token_ids[0])
+                for f in ("token_ids", "logprobs", "ranks"):
+                    assert torch.equal(getattr(alone.logprobs_tensors, f), getattr(batched.logprobs_tensors, f)[-n:])
+
+
 def test_no_drafts_is_the_plain_sampler():
     logits = torch.randn(5, V, generator=torch.Generator().manual_seed(3))
     rows = [{"temperature": 0.0}, {"temperature": 0.7}, {"temperature": 1.0, "top_k": 3}, {"temperature": 0.0},
