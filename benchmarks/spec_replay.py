@@ -79,8 +79,9 @@ def main() -> None:
     ns = parser.parse_args()
     cost = np.array([float(c) for c in ns.cost.split(",")])
     policy_cost = None if ns.policy_cost is None else np.array([float(c) for c in ns.policy_cost.split(",")])
-    if len(cost) < ns.num_speculative_tokens + 1:
-        parser.error(f"--cost needs {ns.num_speculative_tokens + 1} values (1..k+1 tokens), got {len(cost)}")
+    for flag, table in (("--cost", cost), ("--policy-cost", policy_cost)):
+        if table is not None and len(table) < ns.num_speculative_tokens + 1:
+            parser.error(f"{flag} needs {ns.num_speculative_tokens + 1} values (1..k+1 tokens), got {len(table)}")
     llm = LLM()
     tok = llm.get_tokenizer()
     prompts = copy_prompts(tok, ns.num_prompts, ns.output_len)

@@ -30,7 +30,7 @@ def test_greedy_keeps_drafts_up_to_first_mismatch_then_argmax():
 
 
 def test_one_greedy_request_alone_as_in_a_batch():
-    """A single stream takes its own path: it keeps what the batched rule keeps, logprobs included."""
+    """A greedy request keeps the same drafts, bonus token and logprobs alone as beside another request."""
     g = torch.Generator().manual_seed(5)
     for num_logprobs in (None, 2):
         for drafts in ([], [1], [4, 4, 4], [0, 1, 2, 3]):

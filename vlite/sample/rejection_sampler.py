@@ -52,15 +52,6 @@ def rejection_sample(logits: torch.Tensor, md: SamplingMetadata, num_drafts: np.
 
     raw_logprobs, logits = process_logits(logits, md)
 
-    if md.all_greedy and num_reqs == 1:  # a single stream, where drafting pays most: the rule on one row
-        target = greedy_argmax(logits).numpy()
-        m = int(num_drafts[0])
-        wrong = np.flatnonzero(target[:m] != draft_token_ids[:m])
-        n = int(wrong[0]) if wrong.size else m
-        n_acc = np.array([n], dtype=np.int64)
-        outputs = [draft_token_ids[:n].tolist() + [int(target[n])]]
-        return RejectionSamplerOutput(n_acc, outputs, _output_logprobs(raw_logprobs, md, starts, n_acc, outputs))
-
     # Drafts as a [B, max_drafts] grid (padding never accepted), and the rows that score them.
     has_draft = np.arange(max_drafts)[None, :] < num_drafts[:, None]
     drafts = np.zeros((num_reqs, max_drafts), dtype=np.int64)
@@ -78,18 +69,14 @@ def rejection_sample(logits: torch.Tensor, md: SamplingMetadata, num_drafts: np.
         n_acc, final_list = _sample_random(logits, md, num_drafts, starts, drafts, has_draft, draft_rows, draft_ids)
 
     outputs = [row[:n].tolist() + [f] for row, n, f in zip(drafts, n_acc.tolist(), final_list)]
-    return RejectionSamplerOutput(n_acc, outputs, _output_logprobs(raw_logprobs, md, starts, n_acc, outputs))
-
-
-def _output_logprobs(raw_logprobs: Optional[torch.Tensor], md: SamplingMetadata, starts: np.ndarray,
-                     n_acc: np.ndarray, outputs: list[list[int]]) -> Optional[LogprobsTensors]:
-    """One row per output token: rows starts[b] .. starts[b] + n_acc[b] (None: no row wants logprobs)."""
-    if raw_logprobs is None:
-        return None
-    counts = n_acc + 1
-    out_rows = np.repeat(starts, counts) + group_offsets(counts)
-    tokens = torch.tensor([t for out in outputs for t in out], dtype=torch.int64)
-    return gather_logprobs(raw_logprobs[torch.from_numpy(out_rows)], md.max_num_logprobs or 0, tokens)
+    lp = None
+    if raw_logprobs is not None:
+        # One row per output token: rows starts[b] .. starts[b] + n_acc[b].
+        counts = n_acc + 1
+        out_rows = np.repeat(starts, counts) + group_offsets(counts)
+        tokens = torch.tensor([t for out in outputs for t in out], dtype=torch.int64)
+        lp = gather_logprobs(raw_logprobs[torch.from_numpy(out_rows)], md.max_num_logprobs or 0, tokens)
+    return RejectionSamplerOutput(n_acc, outputs, lp)
 
 
 def _sample_random(logits: torch.Tensor, md: SamplingMetadata, num_drafts: np.ndarray, starts: np.ndarray,
