@@ -373,12 +373,38 @@ static inline void q8_block_ints(const uint8_t* wb, const Activations& a, int64_
 // in `res` from group to group). With only 16 vector registers, one pass doing both spilled the
 // unpacked weight registers and the float accumulators to the stack (measured: 87 -> 103 GMAC/s per
 // core with the split, kRows 4 -> 8).
+// The float pass over rows [R0, R0 + RG) of the block sums ib (R rows) of blocks [b0, b1), half h.
+template <int64_t PER, int R, int R0, int RG, typename S>
+static inline void tile_scale_rows(const int32_t (*ib)[2][PER][R][8], const S* st, const S* mt, const Activations& a,
+                                   int64_t m0, int64_t b0, int64_t b1, int h, float* res) {
+  __m256 accf[RG];
+  for (int r = 0; r < RG; ++r) accf[r] = _mm256_loadu_ps(res + (R0 + r) * kTile + 8 * h);
+  for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t p = 0; p < PER; ++p) {
+      const __m256 sc = load8f(st + (b * PER + p) * kTile + 8 * h);
+      for (int r = 0; r < RG; ++r) {
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(ib[b - b0][h][p][R0 + r]));
+        accf[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(sc, _mm256_set1_ps(a.d[(m0 + R0 + r) * a.nb + b])),
+                                  accf[r]);
+      }
+    }
+    if (mt != nullptr) {
+      const __m256 mn = load8f(mt + b * kTile + 8 * h);
+      for (int r = 0; r < RG; ++r)
+        accf[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a.dsum[(m0 + R0 + r) * a.nb + b]), accf[r]);
+    }
+  }
+  for (int r = 0; r < RG; ++r) _mm256_storeu_ps(res + (R0 + r) * kTile + 8 * h, accf[r]);
+}
+
+// Never inlined: inlined into the caller's loop (as GCC chose for 8 rows once the passes grew to 16)
+// its 8-row pass ran 10% slower.
 template <int FMT, int SUB, int R, typename S>
-static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const Activations& a, int64_t m0,
-                            float* res, const uint8_t* pf) {
+__attribute__((noinline)) void tile_dot(const uint8_t* qt, const S* st, const S* mt, const Activations& a, int64_t m0,
+                                        float* res, const uint8_t* pf) {
   constexpr int64_t PER = QK / SUB;
   static_assert(FMT == 8 || PER == 1, "q4 blocks have one scale");
-  constexpr int64_t G = PER == 2 ? 8 : 16;  // blocks per pass (the buffer: <= 9 KB)
+  constexpr int64_t G = PER == 2 ? 8 : 16;  // blocks per pass (the buffer: <= 16 KB)
   alignas(32) int32_t ib[G][2][PER][R][8];
   for (int64_t i = 0; i < R * kTile; ++i) res[i] = 0.f;
   for (int64_t b0 = 0; b0 < a.nb; b0 += G) {
@@ -394,25 +420,13 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
         q8_block_ints<PER, R>(wb, a, m0, b, ib[b - b0]);
       }
     }
-    for (int h = 0; h < 2; ++h) {
-      __m256 accf[R];
-      for (int r = 0; r < R; ++r) accf[r] = _mm256_loadu_ps(res + r * kTile + 8 * h);
-      for (int64_t b = b0; b < b1; ++b) {
-        for (int64_t p = 0; p < PER; ++p) {
-          const __m256 sc = load8f(st + (b * PER + p) * kTile + 8 * h);
-          for (int r = 0; r < R; ++r) {
-            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(ib[b - b0][h][p][r]));
-            accf[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(sc, _mm256_set1_ps(a.d[(m0 + r) * a.nb + b])),
-                                      accf[r]);
-          }
-        }
-        if (mt != nullptr) {
-          const __m256 mn = load8f(mt + b * kTile + 8 * h);
-          for (int r = 0; r < R; ++r)
-            accf[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a.dsum[(m0 + r) * a.nb + b]), accf[r]);
-        }
+    for (int h = 0; h < 2; ++h) {  // at most 9 rows' accumulators at a time (16 registers)
+      if constexpr (R > 9) {  // two near-equal groups: a group of one row is a chain of dependent FMAs
+        tile_scale_rows<PER, R, 0, (R + 1) / 2>(ib, st, mt, a, m0, b0, b1, h, res);
+        tile_scale_rows<PER, R, (R + 1) / 2, R / 2>(ib, st, mt, a, m0, b0, b1, h, res);
+      } else {
+        tile_scale_rows<PER, R, 0, R>(ib, st, mt, a, m0, b0, b1, h, res);
       }
-      for (int r = 0; r < R; ++r) _mm256_storeu_ps(res + r * kTile + 8 * h, accf[r]);
     }
   }
 }
@@ -575,8 +589,17 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
   // 1, which unpacked every weight block again for one row (the four linears of a SmolLM2-135M layer
   // at 9 rows: AVX2 209 -> 190 us, AVX-512 VNNI 123 -> 110 us). Not for q8 weights: their 9-row pass
   // was slower (AVX2 LM head 2.2 -> 2.5 ms). Never splits a (value, residual) pair of rows.
+#if defined(VLITE_AVX2)
+  // AVX2 q4: up to 16 rows a pass (its integer pass holds the weights in registers and takes the rows
+  // one by one; the float pass 9 at most at a time), so a verify step of up to 1 + 15 tokens unpacks each
+  // weight block once: a pass costs ~1 row's time on top of its rows (measured, the 120 body linears
+  // of SmolLM2-135M, one thread: 10 rows 11.9 -> 10.5 ms, 12 13.9 -> 12.5, 16 17.1 -> 16.2, 8 unchanged).
+  constexpr bool merge = false;
+  constexpr int kPass = FMT == 4 ? 16 : kRows;
+#else
   constexpr bool merge = FMT == 4;
   constexpr int kPass = merge ? kRows + 1 : kRows;  // the most rows of one pass
+#endif
   at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
     alignas(64) float res[kPass * kTile];
     for (int64_t m_begin = 0; m_begin < M; m_begin += m_block) {
@@ -587,7 +610,12 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
         const S* mn = mt != nullptr ? mt + t * mins_per_tile : nullptr;
         const uint8_t* next = t + 1 < end ? q + tile_bytes : nullptr;
         for (int64_t m = m_begin, rows; m < m_end; m += rows) {
-          rows = merge && !pairs && m_end - m == kRows + 1 ? kRows + 1 : std::min<int64_t>(kRows, m_end - m);
+          if constexpr (kPass > kRows + 1) {  // near-equal passes of at most kPass rows (an even count with pairs)
+            const int64_t left = m_end - m, passes = (left + kPass - 1) / kPass;
+            rows = std::min<int64_t>(left, pairs ? ((left + passes - 1) / passes + 1) / 2 * 2 : (left + passes - 1) / passes);
+          } else {
+            rows = merge && !pairs && m_end - m == kRows + 1 ? kRows + 1 : std::min<int64_t>(kRows, m_end - m);
+          }
           const uint8_t* pf = m == m_begin ? next : nullptr;
           with_rows<kPass>(rows, [&](auto r) { tile_dot<FMT, SUB, decltype(r)::value>(q, s, mn, a, m, res, pf); });
           store(res, m, rows, pairs ? 2 : 1, t * kTile, std::min(kTile, N - t * kTile));
