@@ -5,7 +5,8 @@
 
 The GPU backend is imported lazily, so CPU users never import Triton. A backend has
 get_kv_cache_shape, load_kernels, prefill_decode_rows_below and build_metadata (same inputs on both;
-the CPU one ignores max_query_len, the Triton one max_decode_query_len: its kernel takes speculative
+the CPU one reads max_query_len only for its all-decode fast path, the Triton one ignores
+max_decode_query_len: its kernel takes speculative
 verify chunks as the causal chunks they are, and decode_rows_below); the layers call paged_attention
 here with whichever metadata the runner built.
 """
@@ -35,7 +36,7 @@ class TorchSDPABackend:
                        max_decode_query_len: Union[int, torch.Tensor] = 1,
                        decode_rows_below: int = 0) -> torch_sdpa.TorchSDPAMetadata:
         return torch_sdpa.build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, block_size, windows,
-                                         max_decode_query_len, decode_rows_below)
+                                         max_decode_query_len, decode_rows_below, max_query_len)
 
 
 BACKENDS = ("TORCH_SDPA", "TRITON_ATTN")
