@@ -6,9 +6,8 @@
 The GPU backend is imported lazily, so CPU users never import Triton. A backend has
 get_kv_cache_shape, load_kernels, prefill_decode_rows_below and build_metadata (same inputs on both;
 the CPU one reads max_query_len only for its all-decode fast path, the Triton one ignores
-max_decode_query_len: its kernel takes speculative
-verify chunks as the causal chunks they are, and decode_rows_below); the layers call paged_attention
-here with whichever metadata the runner built.
+max_decode_query_len, as its kernel takes speculative verify chunks as the causal chunks they are, and
+decode_rows_below); the layers call paged_attention here with whichever metadata the runner built.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -191,12 +191,10 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
     """
     if max_query_len == 1:
         num_reqs = seq_lens.numel()
-        views = [TorchSDPAMetadata(
+        return _one_view_per_window(windows, lambda window: TorchSDPAMetadata(
             num_actual_tokens=num_reqs, slot_mapping=slot_mapping,
             decode=_DecodeGroup(query_start_loc[:-1], num_reqs, block_table.long(), seq_lens.long(), block_size, window),
-            prefills=[], window=window) for window in dict.fromkeys(windows)]
-        views[0].others = {v.window: v for v in views[1:]}
-        return views[0]
+            prefills=[], window=window))
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     is_decode = query_lens <= max_decode_query_len
     # Each request's first `num_decode` tokens of the step are decode rows, the rest one prefill chunk.
@@ -219,14 +217,19 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
         decode_starts, decode_seq_lens, decode_table = query_start_loc[:-1], seq_lens, block_table
     # a chunk's prefill part starts after its decode rows
     prefill_starts, prefill_lens = query_start_loc[:-1] + num_decode, query_lens - num_decode
-    views = [TorchSDPAMetadata(
+    return _one_view_per_window(windows, lambda window: TorchSDPAMetadata(
         num_actual_tokens=int(query_start_loc[-1]),
         slot_mapping=slot_mapping,
         decode=(_build_decode_group(decode_rows, decode_starts, decode_seq_lens, decode_table, block_size, window)
                 if decode_rows.numel() else None),
         prefills=_build_prefill_chunks(prefill_rows, prefill_starts, prefill_lens, seq_lens, block_table,
                                        block_size, window),
-        window=window) for window in dict.fromkeys(windows)]
+        window=window))
+
+
+def _one_view_per_window(windows: Sequence[int], view: Callable[[int], TorchSDPAMetadata]) -> TorchSDPAMetadata:
+    """The step's view for each distinct window, the first one holding the others."""
+    views = [view(window) for window in dict.fromkeys(windows)]
     views[0].others = {v.window: v for v in views[1:]}
     return views[0]
 
