@@ -50,8 +50,9 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int, windo
 
 
 def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0, window: int = 0,
-             softcap: float | None = None, decode_rows_below: int = 0) -> None:
-    """specs: (tokens already cached, tokens computed this step) per request."""
+             softcap: float | None = None, decode_rows_below: int = 0, verify_lens: list[int] | None = None) -> None:
+    """specs: (tokens already cached, tokens computed this step) per request. verify_lens: per request, the
+    most tokens its chunk may have to run as decode rows (1 + its drafts, as the runner gives them)."""
     gen = torch.Generator().manual_seed(seed)
     kv_cache = torch.randn(get_kv_cache_shape(NUM_BLOCKS, BS, H_KV, D), generator=gen).to(dtype)
     perm = torch.randperm(NUM_BLOCKS, generator=gen)
@@ -84,9 +85,15 @@ def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0, wi
     # a model with global and sliding layers: one view of the step per window; an all-decode step also
     # through the fast path the runner takes when it passes the step's longest query (1)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
-    for max_query_len in (None, 1) if int(q_lens.max()) == 1 else (None,):
+    # (and a step whose every chunk is decode rows: the longest query as both figures)
+    longest = int(q_lens.max())
+    views: list[tuple[int | None, int | torch.Tensor]] = [(None, 1 if verify_lens is None else torch.tensor(verify_lens))]
+    if all(n <= v for v, (_, n) in zip(verify_lens or [1] * len(specs), specs)):
+        views.append((longest, longest))
+    for max_query_len, max_decode_query_len in views:
         metadata = build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, BS, windows=(0, window),
-                                  decode_rows_below=decode_rows_below, max_query_len=max_query_len)
+                                  decode_rows_below=decode_rows_below, max_query_len=max_query_len,
+                                  max_decode_query_len=max_decode_query_len)
         out = paged_attention(query, key, value, kv_cache, metadata, D ** -0.5, window=window, softcap=softcap)
         for r, (ctx, n) in enumerate(specs):
             s, e = int(query_start_loc[r]), int(query_start_loc[r + 1])
@@ -105,6 +112,19 @@ def run_step(specs: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0, wi
 ])
 def test_paged_attention_matches_reference(specs, dtype):
     run_step(specs, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("specs,verify_lens", [
+    ([(9, 5)], [5]),  # one request verifying 4 drafts
+    ([(9, 5), (30, 1), (3, 16), (40, 2)], [5, 1, 16, 9]),  # verify chunks beside a decode (one drafted less)
+    ([(9, 5), (0, 7), (17, 1)], [5, 1, 1]),  # beside a prompt chunk: not every chunk is decode rows
+])
+def test_verify_rows_match_reference(specs, verify_lens, dtype, window):
+    """A speculative step: chunks of up to 1 + drafts tokens run as decode rows, each query seeing the
+    keys up to its own position; a step of only such chunks also through the runner's fast path."""
+    run_step(specs, dtype, window=window, verify_lens=verify_lens)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -288,8 +288,11 @@ class ModelRunner:
             first = np.repeat(logits_indices - num_drafts, counts)
             logits_indices = first + group_offsets(counts)
             draft_token_ids = np.fromiter((t for r in sample_req_ids for t in spec.get(r, ())), dtype=np.int64)
-            # decode rows: the verify chunks only (1 + drafts tokens), not a prompt chunk as short
-            max_decode_query_len = torch.from_numpy(1 + drafts_per_req)
+            # decode rows: the verify chunks only (1 + drafts tokens), not a prompt chunk as short; where
+            # every chunk is one, the step's longest says so (the metadata's all-decode-rows fast path)
+            verify_lens = 1 + drafts_per_req
+            max_decode_query_len = (int(num_scheduled.max()) if bool((num_scheduled <= verify_lens).all())
+                                    else torch.from_numpy(verify_lens))
         else:
             max_decode_query_len = 1
 

@@ -186,14 +186,22 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
     request 1 + its drafts, so a short prompt chunk stays a prefill, computed as without speculation.
     `decode_rows_below` > 0 (with the C++ kernel loaded): the tokens of a prompt chunk at positions below
     it run as decode rows too (see PREFILL_DECODE_ROWS_BELOW).
-    `max_query_len` 1 (the host's figure, optional): an all-decode step, built without the ~15 small
-    tensor ops that sort rows into decodes and prefill chunks (~60 us of a ~5 ms single-stream step).
+    `max_query_len` (the host's figure, optional) at most an int `max_decode_query_len`: every token is a
+    decode row (a decode step, or one verifying drafts), built without the ~15 small tensor ops that
+    sort rows into decodes and prefill chunks (~60 us of a ~5 ms single-stream step, ~200 us with drafts).
     """
-    if max_query_len == 1:
-        num_reqs = seq_lens.numel()
+    if max_query_len is not None and isinstance(max_decode_query_len, int) and max_query_len <= max_decode_query_len:
+        if max_query_len > 1:  # one decode row per token, seeing the keys up to its own position
+            starts = query_start_loc.numpy()
+            owner = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+            within = np.arange(len(owner)) - starts[owner]
+            seq_lens = torch.from_numpy(seq_lens.numpy()[owner] - (starts[owner + 1] - starts[owner]) + 1 + within)
+            block_table = block_table[torch.from_numpy(owner)]
+            query_start_loc = torch.arange(len(owner) + 1)
+        num_rows = seq_lens.numel()
         return _one_view_per_window(windows, lambda window: TorchSDPAMetadata(
-            num_actual_tokens=num_reqs, slot_mapping=slot_mapping,
-            decode=_DecodeGroup(query_start_loc[:-1], num_reqs, block_table.long(), seq_lens.long(), block_size, window),
+            num_actual_tokens=num_rows, slot_mapping=slot_mapping,
+            decode=_DecodeGroup(query_start_loc[:-1], num_rows, block_table.long(), seq_lens.long(), block_size, window),
             prefills=[], window=window))
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     is_decode = query_lens <= max_decode_query_len
