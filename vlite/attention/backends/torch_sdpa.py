@@ -191,17 +191,15 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
     sort rows into decodes and prefill chunks (~60 us of a ~5 ms single-stream step, ~200 us with drafts).
     """
     if max_query_len is not None and isinstance(max_decode_query_len, int) and max_query_len <= max_decode_query_len:
-        if max_query_len > 1:  # one decode row per token, seeing the keys up to its own position
-            starts = query_start_loc.numpy()
-            owner = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
-            within = np.arange(len(owner)) - starts[owner]
-            seq_lens = torch.from_numpy(seq_lens.numpy()[owner] - (starts[owner + 1] - starts[owner]) + 1 + within)
-            block_table = block_table[torch.from_numpy(owner)]
-            query_start_loc = torch.arange(len(owner) + 1)
+        starts = query_start_loc[:-1]
+        if max_query_len > 1:  # verify chunks: one decode row per token
+            num_reqs = seq_lens.numel()
+            starts, seq_lens, block_table = _token_rows(np.arange(num_reqs), np.diff(query_start_loc.numpy()),
+                                                        query_start_loc, seq_lens, block_table)
         num_rows = seq_lens.numel()
         return _one_view_per_window(windows, lambda window: TorchSDPAMetadata(
             num_actual_tokens=num_rows, slot_mapping=slot_mapping,
-            decode=_DecodeGroup(query_start_loc[:-1], num_rows, block_table.long(), seq_lens.long(), block_size, window),
+            decode=_DecodeGroup(starts, num_rows, block_table.long(), seq_lens.long(), block_size, window),
             prefills=[], window=window))
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     is_decode = query_lens <= max_decode_query_len
@@ -213,14 +211,9 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
     decode_rows = torch.nonzero(num_decode).flatten()
     prefill_rows = torch.nonzero(num_decode < query_lens).flatten()
     if decode_rows.numel() and bool((num_decode[decode_rows] > 1).any()):
-        # One row per token: its index in the step, the seq_len it sees, its request's block table row.
-        n_dec = num_decode[decode_rows].numpy()
-        owner = torch.from_numpy(np.repeat(decode_rows.numpy(), n_dec))
-        within = torch.from_numpy(group_offsets(n_dec))
-        decode_starts = query_start_loc[owner] + within
-        decode_seq_lens = seq_lens[owner] - query_lens[owner] + 1 + within
-        decode_table = block_table[owner]
-        decode_rows = torch.arange(owner.numel())
+        decode_starts, decode_seq_lens, decode_table = _token_rows(
+            decode_rows.numpy(), num_decode[decode_rows].numpy(), query_start_loc, seq_lens, block_table)
+        decode_rows = torch.arange(decode_starts.numel())
     else:
         decode_starts, decode_seq_lens, decode_table = query_start_loc[:-1], seq_lens, block_table
     # a chunk's prefill part starts after its decode rows
@@ -233,6 +226,17 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
         prefills=_build_prefill_chunks(prefill_rows, prefill_starts, prefill_lens, seq_lens, block_table,
                                        block_size, window),
         window=window))
+
+
+def _token_rows(rows: np.ndarray, counts: np.ndarray, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first counts[i] tokens of request rows[i] as decode rows of one token each, seeing the keys up to
+    its own position: per row, its index in the step, the seq_len it sees, its request's block table row.
+    In numpy: a verify step's ~8 small tensor ops cost more than the rest of its metadata."""
+    qsl, owner = query_start_loc.numpy(), np.repeat(rows, counts)
+    within = group_offsets(counts)
+    row_seq_lens = seq_lens.numpy()[owner] - (qsl[owner + 1] - qsl[owner]) + 1 + within
+    return torch.from_numpy(qsl[owner] + within), torch.from_numpy(row_seq_lens), block_table[torch.from_numpy(owner)]
 
 
 def _one_view_per_window(windows: Sequence[int], view: Callable[[int], TorchSDPAMetadata]) -> TorchSDPAMetadata:
