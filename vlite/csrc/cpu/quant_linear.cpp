@@ -380,7 +380,7 @@ static inline void q8_block_ints(const uint8_t* wb, const Activations& a, int64_
 // thread, AVX2 path: 1 row 80 -> 75 us, 4 164 -> 157, 8 292 -> 281, 16 536 -> 510; the same bits.
 template <int64_t PER, int R, int R0, int RG, typename S>
 static inline void tile_scale_rows(const int32_t (*ib)[2][PER][R][8], const S* st, const S* mt, const Activations& a,
-                                    int64_t m0, int64_t b0, int64_t b1, float* res) {
+                                   int64_t m0, int64_t b0, int64_t b1, float* res) {
   __m256 acc[RG][2];
   for (int r = 0; r < RG; ++r)
     for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_loadu_ps(res + (R0 + r) * kTile + 8 * h);
