@@ -185,6 +185,121 @@ static inline void softmax_numerators(float* sg, int64_t len, float* m, float* l
   *l = sum.sum();
 }
 
+// The next cnt rows of a cache as float32 rows: float32 caches' rows in place, bf16 ones converted
+// once into buf (cnt x D) for every query vector that reads them.
+template <int NV, typename T>
+static inline void float32_rows(const T* cache, SlotCursor& cur, int64_t cnt, float* buf, const float** rows) {
+  constexpr int64_t D = NV * 16;
+  for (int64_t k = 0; k < cnt; ++k) {
+    const T* p = cache + cur.next() * D;
+    if constexpr (std::is_same_v<T, float>) {
+      rows[k] = p;
+    } else {
+      for (int c = 0; c < NV; ++c) Vec16::load(p + c * 16).store(buf + k * D + c * 16);
+      rows[k] = buf + k * D;
+    }
+  }
+}
+
+#if defined(VLITE_AVX2)
+// 16 scores of one query vector (qf: D floats) against the float32 key rows krow[0, 16) (rows past the
+// block's keys may be any row: their scores are scratch): per key two 8-lane partial sums over D and
+// their sum, then a transpose-add of 4 + 4 keys in registers. The same operations in the same order as
+// storing the 16 partial-sum pairs and reduce16 (vec.h), without the 32 stores and reloads per block.
+template <int NV>
+static inline void scores16(const float* qf, const float* const* krow, float* out) {
+  __m256 qv[2 * NV];
+#pragma GCC unroll 16
+  for (int c = 0; c < 2 * NV; ++c) qv[c] = _mm256_loadu_ps(qf + 8 * c);
+#pragma GCC unroll 2
+  for (int half = 0; half < 2; ++half) {
+    __m256 g[2];
+#pragma GCC unroll 2
+    for (int quad = 0; quad < 2; ++quad) {
+      __m256 t[4];
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const float* kp = krow[8 * half + 4 * quad + k];
+        __m256 lo = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kp)), hi = _mm256_mul_ps(qv[1], _mm256_loadu_ps(kp + 8));
+#pragma GCC unroll 16
+        for (int c = 1; c < NV; ++c) {
+          lo = _mm256_fmadd_ps(qv[2 * c], _mm256_loadu_ps(kp + 16 * c), lo);
+          hi = _mm256_fmadd_ps(qv[2 * c + 1], _mm256_loadu_ps(kp + 16 * c + 8), hi);
+        }
+        t[k] = _mm256_add_ps(lo, hi);
+      }
+      g[quad] = _mm256_hadd_ps(_mm256_hadd_ps(t[0], t[1]), _mm256_hadd_ps(t[2], t[3]));
+    }
+    _mm256_storeu_ps(out + 8 * half,
+                     _mm256_add_ps(_mm256_permute2f128_ps(g[0], g[1], 0x20), _mm256_permute2f128_ps(g[0], g[1], 0x31)));
+  }
+}
+#endif
+
+#if defined(VLITE_AVX2)
+// P.V on AVX2 (16 ymm registers): a 32-value slice of D at a time for up to 3 query vectors with the
+// same keys, so that each V row's slice is loaded (and converted) once for all of them while their 12
+// accumulators stay in registers. Vector by vector, the whole row needed 8 accumulators and reloaded V
+// for every vector (9 loads per 8 FMAs: load-bound), and 3 query heads at once spilled 24 accumulators.
+// Every lane still gets the same FMAs over the keys in order (acc = p_j * V_j[d] + acc): the same bits.
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const c10::BFloat16* p) { return load_bf16x8(p); }
+
+template <int VB, typename T>
+static inline void pv_slice(const float* const* p, const T* const* rows, int64_t n, int64_t off, float* const* acc) {
+  // (Unrolled by pragma: without it GCC 12 kept the accumulator array on the stack, stored every key.)
+  __m256 a[VB][4];
+  const float* pv[VB];
+  float* av[VB];
+#pragma GCC unroll 4
+  for (int i = 0; i < VB; ++i) {
+    pv[i] = p[i];
+    av[i] = acc[i] + off;
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < VB; ++i)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) a[i][c] = _mm256_loadu_ps(av[i] + 8 * c);
+  for (int64_t j = 0; j < n; ++j) {
+    const T* vp = rows[j] + off;
+    __m256 b[VB];
+#pragma GCC unroll 4
+    for (int i = 0; i < VB; ++i) b[i] = _mm256_broadcast_ss(pv[i] + j);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256 x = load8(vp + 8 * c);
+#pragma GCC unroll 4
+      for (int i = 0; i < VB; ++i) a[i][c] = _mm256_fmadd_ps(b[i], x, a[i][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < VB; ++i)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) _mm256_storeu_ps(av[i] + 8 * c, a[i][c]);
+}
+
+// acc[v * D, (v + 1) * D) += sum_{j < n[v]} p[v * ls + j] V_j for QB vectors (V_j = rows[j]): runs of
+// consecutive vectors with the same key count (a row's query heads) in groups of at most 3.
+template <int NV, typename T>
+static inline void pv_vectors(const float* p, int64_t ls, const int64_t* n, int64_t QB, const T* const* rows,
+                              float* acc) {
+  constexpr int64_t D = NV * 16;
+  static_assert(D % 32 == 0, "P.V slices of 32 values");
+  for (int64_t v = 0; v < QB;) {
+    int64_t e = v + 1;
+    while (e < QB && e - v < 3 && n[e] == n[v]) ++e;
+    const float* pp[3] = {p + v * ls, p + std::min(v + 1, QB - 1) * ls, p + std::min(v + 2, QB - 1) * ls};
+    float* ap[3] = {acc + v * D, acc + std::min(v + 1, QB - 1) * D, acc + std::min(v + 2, QB - 1) * D};
+    for (int64_t off = 0; off < D; off += 32) {
+      if (e - v == 3) pv_slice<3>(pp, rows, n[v], off, ap);
+      else if (e - v == 2) pv_slice<2>(pp, rows, n[v], off, ap);
+      else pv_slice<1>(pp, rows, n[v], off, ap);
+    }
+    v = e;
+  }
+}
+#endif
+
 // Query heads [0, GB) of one (request, kv head) against keys [j0, j1): the running max m, the sum
 // of exp(s - m) l and the unnormalized output acc (GB x D), for the caller to normalize or merge.
 // qf: the queries times the scale, as float32; qraw: the same queries as given (the bf16 dot path);
@@ -256,6 +371,16 @@ void attend_chunk(const float* qf, const T* qraw, float scale, const T* kh, cons
     return;
   }
 #endif
+#if defined(VLITE_AVX2)
+  thread_local std::vector<const T*> vrows;
+  vrows.resize(len);
+  SlotCursor vs(blocks, BS, j0, j1, vh, D * sizeof(T));
+  for (int64_t j = 0; j < len; ++j) vrows[j] = vh + vs.next() * D;
+  std::fill(acc, acc + GB * D, 0.f);
+  int64_t counts[GB];
+  for (int g = 0; g < GB; ++g) counts[g] = len;
+  pv_vectors<NV>(s, ls, counts, GB, vrows.data(), acc);
+#else
   Vec16 av[GB][NV];
   for (int g = 0; g < GB; ++g)
     for (int c = 0; c < NV; ++c) av[g][c] = Vec16::zero();
@@ -271,6 +396,7 @@ void attend_chunk(const float* qf, const T* qraw, float scale, const T* kh, cons
   }
   for (int g = 0; g < GB; ++g)
     for (int c = 0; c < NV; ++c) av[g][c].store(acc + g * D + c * 16);
+#endif
 }
 
 template <int NV, typename T>
@@ -291,22 +417,6 @@ void attend_heads(const float* qf, const T* qraw, float scale, int64_t G, const 
       default: attend_chunk<NV, 1>(qg, qr, scale, kh, vh, blocks, BS, j0, j1, s, m + g, l + g, ag); break;
     }
     g += gb;
-  }
-}
-
-// The next cnt rows of a cache as float32 rows: float32 caches' rows in place, bf16 ones converted
-// once into buf (cnt x D) for every query vector that reads them.
-template <int NV, typename T>
-static inline void float32_rows(const T* cache, SlotCursor& cur, int64_t cnt, float* buf, const float** rows) {
-  constexpr int64_t D = NV * 16;
-  for (int64_t k = 0; k < cnt; ++k) {
-    const T* p = cache + cur.next() * D;
-    if constexpr (std::is_same_v<T, float>) {
-      rows[k] = p;
-    } else {
-      for (int c = 0; c < NV; ++c) Vec16::load(p + c * 16).store(buf + k * D + c * 16);
-      rows[k] = buf + k * D;
-    }
   }
 }
 
@@ -331,6 +441,11 @@ void attend_group(const float* qf, const T* kh, const T* vh, const int64_t* bloc
     for (int64_t jb = 0; jb < lmax; jb += 16) {  // scores of 16 keys, then 16 horizontal sums at once
       const int64_t cnt = std::min<int64_t>(16, lmax - jb);
       float32_rows<NV>(kh, ks, cnt, kf, krow);
+#if defined(VLITE_AVX2)
+      for (int64_t k = cnt; k < 16; ++k) krow[k] = krow[0];
+      for (int64_t v = 0; v < QB; ++v)
+        if (jb < len[v]) scores16<NV>(qf + v * D, krow, s + v * ls + jb);
+#else
       for (int64_t v = 0; v < QB; ++v) {
         if (jb >= len[v]) continue;
         Vec16 qv[NV];
@@ -344,10 +459,25 @@ void attend_group(const float* qf, const T* kh, const T* vh, const int64_t* bloc
         // all 16 sums (lanes past cnt are scratch, overwritten below): s has 16 floats of room past len
         reduce16(part).store(s + v * ls + jb);
       }
+#endif
     }
   }
   for (int64_t v = 0; v < QB; ++v) softmax_numerators(s + v * ls, len[v], m + v, l + v);
   std::fill(acc, acc + QB * D, 0.f);
+#if defined(VLITE_AVX2)
+  {  // 16 values at a time as float32 rows, then P.V a slice of D for up to 3 vectors at a time
+    alignas(64) float vf[16 * D];
+    const float* vrow[16];
+    std::vector<int64_t> n16(QB);
+    SlotCursor vs(blocks, BS, j0, j0 + lmax, vh, D * sizeof(T));
+    for (int64_t jb = 0; jb < lmax; jb += 16) {
+      const int64_t cnt = std::min<int64_t>(16, lmax - jb);
+      float32_rows<NV>(vh, vs, cnt, vf, vrow);
+      for (int64_t v = 0; v < QB; ++v) n16[v] = std::max<int64_t>(0, std::min<int64_t>(cnt, len[v] - jb));
+      pv_vectors<NV>(s + jb, ls, n16.data(), QB, vrow, acc);
+    }
+  }
+#else
   alignas(64) float vf[16 * D];
   const float* vrow[16];
   SlotCursor vs(blocks, BS, j0, j0 + lmax, vh, D * sizeof(T));
@@ -368,6 +498,7 @@ void attend_group(const float* qf, const T* kh, const T* vh, const int64_t* bloc
       for (int c = 0; c < NV; ++c) a[c].store(av + c * 16);
     }
   }
+#endif
 }
 
 // Head sizes 64, 128, 256 (NV = D / 16): registers sized at compile time, 16 horizontal sums at a
