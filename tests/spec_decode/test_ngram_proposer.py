@@ -4,12 +4,15 @@ they reach the end), and how long the matched context is."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vlite.config import SpeculativeConfig
+from vlite.spec_decode import ngram_proposer
 from vlite.spec_decode.ngram_proposer import MAX_MATCH_LEN, NgramProposer
 
 
@@ -45,10 +48,13 @@ def test_matches_reference(rows, k, min_n, extra, cap):
     for i, r in enumerate(rows):
         want = reference(r, k, min_n, max_n, cap)
         assert (drafts[i, :num_drafts[i]].tolist(), match_len[i]) == want, (r, i)
-        # alone (the single-stream path) as in a batch
-        one = proposer.propose(token_ids[i:i + 1], num_tokens[i:i + 1], np.array([cap]))
-        assert (one[0][0, :one[1][0]].tolist(), one[2][0]) == want, (r, "alone")
-        assert one[0][0, one[1][0]:].tolist() == [0] * (k - one[1][0])
+        # alone (the single-stream path) as in a batch: its few candidates in plain Python, and all of
+        # them through the vectorized steps
+        for few in (ngram_proposer.FEW_CANDIDATES, 0):
+            with mock.patch.object(ngram_proposer, "FEW_CANDIDATES", few):
+                one = proposer.propose(token_ids[i:i + 1], num_tokens[i:i + 1], np.array([cap]))
+            assert (one[0][0, :one[1][0]].tolist(), one[2][0]) == want, (r, "alone", few)
+            assert one[0][0, one[1][0]:].tolist() == [0] * (k - one[1][0])
 
 
 def test_copy_and_no_match():
