@@ -102,10 +102,7 @@ class NgramProposer:
             suffix = seq[max(0, n - mx):n].tolist()[::-1]  # suffix[j]: the token j before the end
             best, at = 0, -1
             for c in reversed(cand.tolist()):  # the most recent first: it keeps ties
-                context = seq[max(0, c - mx + 1):c + 1].tolist()[::-1]
-                m = 1
-                while m < len(context) and context[m] == suffix[m]:
-                    m += 1
+                m = _leading_equal(seq[max(0, c - mx + 1):c + 1].tolist()[::-1], suffix)  # seq[c] is the last
                 if m > best:
                     best, at = m, c
                     if m == mx:
@@ -114,11 +111,7 @@ class NgramProposer:
                 return drafts, none, none
             pos = at + 1
             before = seq[max(0, pos - MAX_MATCH_LEN):pos].tolist()[::-1]
-            end = seq[n - len(before):n].tolist()[::-1]
-            match_len = 0
-            while match_len < len(before) and before[match_len] == end[match_len]:
-                match_len += 1
-            match_len = np.array([match_len])
+            match_len = np.array([_leading_equal(before, seq[n - len(before):n].tolist()[::-1])])
         else:
             match = 1 + _agreeing_run(seq, None, cand, n - 1, self.max_n - 1)
             i = int(np.argmax(match * (n + 1) + cand))  # the longest, then the most recent
@@ -130,6 +123,14 @@ class NgramProposer:
         j = np.arange(num)
         drafts[0, :num] = seq[np.minimum(pos + j % max(n - pos, 1), n - 1)]
         return drafts, np.array([num]), match_len
+
+
+def _leading_equal(a: list[int], b: list[int]) -> int:
+    """How many leading items of a equal b's (len(a) <= len(b)): _agreeing_run on two reversed lists."""
+    m = 0
+    while m < len(a) and a[m] == b[m]:
+        m += 1
+    return m
 
 
 def _agreeing_run(tokens: np.ndarray, rows: Optional[np.ndarray], a: np.ndarray, b: Union[np.ndarray, int],
