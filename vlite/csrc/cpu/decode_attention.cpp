@@ -234,9 +234,7 @@ static inline void scores16(const float* qf, const float* const* krow, float* ou
                      _mm256_add_ps(_mm256_permute2f128_ps(g[0], g[1], 0x20), _mm256_permute2f128_ps(g[0], g[1], 0x31)));
   }
 }
-#endif
 
-#if defined(VLITE_AVX2)
 // P.V on AVX2 (16 ymm registers): a 32-value slice of D at a time for up to 3 query vectors with the
 // same keys, so that each V row's slice is loaded (and converted) once for all of them while their 12
 // accumulators stay in registers. Vector by vector, the whole row needed 8 accumulators and reloaded V
