@@ -85,8 +85,14 @@ def test_config_errors_name_the_field(cfg, message):
         SpeculativeConfig.from_user(cfg)
 
 
-def test_config_defaults_follow_vllm():
+def test_config_defaults():
+    # neither bound: (2, 4) with the adaptive policy, vLLM's (5, 5) where every match drafts
     c = SpeculativeConfig.from_user('{"method": "ngram", "num_speculative_tokens": 3}')
+    assert (c.prompt_lookup_min, c.prompt_lookup_max) == (2, 4)
+    c = SpeculativeConfig.from_user({"num_speculative_tokens": 3, "draft_policy": "always"})
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)
+    # one bound: vLLM's rule, it is both
     c = SpeculativeConfig.from_user({"num_speculative_tokens": 3, "prompt_lookup_max": 4})
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (4, 4)
+    c = SpeculativeConfig.from_user({"num_speculative_tokens": 3, "prompt_lookup_min": 3})
+    assert (c.prompt_lookup_min, c.prompt_lookup_max) == (3, 3)
