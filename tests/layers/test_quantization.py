@@ -57,7 +57,7 @@ def test_kernel_matches_reference(ops, fmt, sub, scale_dtype, mins, k):
     p = random_packed(fmt, 37, k, sub, scale_dtype, mins, seed=k)  # 37 rows: two whole tiles and a part
     w = p.dequantize()
     t = p.tiled()
-    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    args = (t.qt, t.scales, t.mins, t.fmt, t.sub, t.n)
     assert torch.equal(ops.dequantize(*args, torch.float32), w)
     for m in (1, 2, 3, 4, 5, 9, 11, 17):  # 9, 17: a last pass of 9 rows (q4)
         for dtype in (torch.float32, torch.bfloat16):
@@ -83,7 +83,7 @@ def test_long_steps_match_reference(ops, fmt, sub, scale_dtype, mins):
     p = random_packed(fmt, 40, 576, sub, scale_dtype, mins, seed=3)
     t = p.tiled()
     x = torch.randn(261, 576, generator=torch.Generator().manual_seed(5))
-    y = ops.quant_linear(x, t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    y = ops.quant_linear(x, t.qt, t.scales, t.mins, t.fmt, t.sub, t.n)
     ref = quantized_activations_reference(x) @ p.dequantize().t()
     assert (y - ref).abs().max().item() <= ref.abs().max().item() * 1e-5
 
@@ -259,15 +259,25 @@ def test_bench_report_names_cpu_flags_and_kernels(monkeypatch):
     print_hardware(report)
 
 
-def test_fused_weights_of_mixed_gguf_types_run_dense():
-    """A K-quant file may mix Q4_K and Q6_K inside one fused projection: that layer runs dense."""
+def test_fused_weights_of_mixed_gguf_types_stay_packed():
+    """A K-quant file may mix Q4_K and Q6_K inside one fused projection: the parts stay packed, as row
+    groups of one layout each (a ConcatLinear), and the layer computes what the dense weights do."""
+    from vlite.layers.linear import linear_weight
+    from vlite.layers.quantization import ConcatLinear
     from vlite.models.llama import _fuse
 
     a, b = random_packed("q4", 8, 64, seed=1), random_packed("q8", 4, 64, sub=16, scale_dtype=torch.float32,
                                                             mins=False, seed=2)
-    fused = _fuse([a, b])
-    assert isinstance(fused, torch.Tensor)
-    assert torch.equal(fused, torch.cat([a.dequantize(), b.dequantize()]))
+    c = random_packed("q4", 16, 64, seed=4)
+    fused = _fuse([a, c, b])
+    assert isinstance(fused, list) and [p.shape for p in fused] == [(24, 64), (4, 64)]
+    dense = torch.cat([a.dequantize(), c.dequantize(), b.dequantize()])
+    w = linear_weight(fused, QuantizationPlan("gguf"), torch.float32)
+    assert isinstance(w, ConcatLinear) and w.out_features == 28 and len(w.parts) == 2
+    assert torch.equal(w.dequantize(), dense)
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(linear(x, w), x @ dense.T, rtol=0.02, atol=0.02)
+    assert torch.equal(linear_weight(fused, QuantizationPlan(None), torch.float32), dense)  # dense plan: one matrix
     same = _fuse([a, random_packed("q4", 4, 64, seed=3)])
     assert isinstance(same, PackedTensors) and same.shape == (12, 64)
 
@@ -277,7 +287,7 @@ def test_precise_can_be_chosen_per_call(ops, fmt, sub):
     """`precise` overrides the dtype's default: the residual row for bf16, a single int8 row for float32."""
     p = random_packed(fmt, 40, 96, sub, torch.float16, fmt == "q4")
     t = p.tiled()
-    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    args = (t.qt, t.scales, t.mins, t.fmt, t.sub, t.n)
     w = p.dequantize()
     x = torch.randn(5, 96, generator=torch.Generator().manual_seed(9))
     for dtype, precise in ((torch.float32, False), (torch.bfloat16, True)):
@@ -293,7 +303,7 @@ def test_float32_residual_row_only_in_small_steps(ops):
     (decodes), a single int8 row in longer ones (prefill chunks)."""
     p = random_packed("q4", 32, 64)
     t = p.tiled()
-    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    args = (t.qt, t.scales, t.mins, t.fmt, t.sub, t.n)
     w = p.dequantize()
     limit = ops.precise_max_rows()
     for m, precise in ((limit, True), (limit + 1, False)):
@@ -307,7 +317,7 @@ def test_precise_rows_decide_for_the_whole_step(ops):
     call computes every row as a 1-row call does, bit for bit; back at -1 the call's own rows decide."""
     p = random_packed("q4", 48, 96)
     t = p.tiled()
-    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    args = (t.qt, t.scales, t.mins, t.fmt, t.sub, t.n)
     x = torch.randn(12, 96, generator=torch.Generator().manual_seed(5))
     alone = torch.cat([ops.quant_linear(x[i:i + 1], *args) for i in range(12)])
     ops.set_precise_rows(1)
@@ -324,7 +334,7 @@ def test_rows_same_bits_in_any_step_size(ops, fmt, sub, scale_dtype, mins):
     9 for q4): a speculative verify step's rows equal the 1-row decodes they stand for."""
     p = random_packed(fmt, 40, 96, sub, scale_dtype, mins, seed=11)
     t = p.tiled()
-    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    args = (t.qt, t.scales, t.mins, t.fmt, t.sub, t.n)
     x = torch.randn(25, 96, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
     alone = torch.cat([ops.quant_linear(x[i:i + 1], *args) for i in range(25)])
     for m in (8, 9, 16, 17, 25):
@@ -337,7 +347,7 @@ def test_float32_output_of_bf16_activations(ops, fmt, sub, scale_dtype, mins):
     same sums rounded to bf16 (nearest even), residual included. A wrong residual dtype is refused."""
     p = random_packed(fmt, 37, 224, sub, scale_dtype, mins, seed=4)
     t = p.tiled()
-    args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+    args = (t.qt, t.scales, t.mins, t.fmt, t.sub, t.n)
     for m in (1, 9, 20):
         x = torch.randn(m, 224, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
         y32 = ops.quant_linear(x, *args, None, None, torch.float32)

@@ -23,11 +23,11 @@ _F16_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
 }
-_EXPECTED_LAYOUT = {  # fmt, sub, scale dtype, has mins
-    "Q4_0": ("q4", 32, torch.float16, True), "Q4_1": ("q4", 32, torch.float16, True),
+_EXPECTED_LAYOUT = {  # fmt, sub, scale dtype, has mins (the file's own blocks: no scale tensors)
+    "Q4_0": ("q4_0", 32, None, False), "Q4_1": ("q4", 32, torch.float16, True),
     "Q8_0": ("q8", 32, torch.float16, False), "Q5_0": ("q8", 32, torch.float16, False),
-    "Q5_1": ("q8", 32, torch.float16, True), "Q4_K": ("q4", 32, torch.float32, True),
-    "Q5_K": ("q8", 32, torch.float32, True), "Q6_K": ("q8", 16, torch.float32, False),
+    "Q5_1": ("q8", 32, torch.float16, True), "Q4_K": ("q4_k", 32, None, False),
+    "Q5_K": ("q5_k", 32, None, False), "Q6_K": ("q6_k", 16, None, False),
 }
 SHAPES = [(8, 256), (3, 512), (1, 1024)]
 
@@ -89,7 +89,13 @@ def test_random_bytes_exact(name: str, shape: tuple[int, int]) -> None:
     packed = _check(_random_raw(qtype, shape, rng), qtype, shape)
     fmt, sub, sdt, has_mins = _EXPECTED_LAYOUT[name]
     n, k = shape
-    assert (packed.fmt, packed.sub, packed.scales.dtype, packed.mins is not None) == (fmt, sub, sdt, has_mins)
+    assert (packed.fmt, packed.sub, packed.mins is not None) == (fmt, sub, has_mins)
+    if sdt is None:  # the file's bytes, row by row
+        block, size = GGML_QUANT_SIZES[qtype]
+        assert packed.compact and packed.scales is None and packed.qs.dtype == torch.uint8
+        assert packed.qs.shape == (n, k // block * size) and packed.qs.is_contiguous()
+        return
+    assert packed.scales.dtype == sdt
     assert packed.qs.dtype == (torch.uint8 if fmt == "q4" else torch.int8)
     assert packed.qs.shape == (n, k // 2 if fmt == "q4" else k)
     assert packed.scales.shape == (n, k // sub)
@@ -114,16 +120,17 @@ def test_quantizable_types_covered() -> None:
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"} <= {n for n in SUPPORTED_TYPES if _can_quantize(T[n])}
 
 
-def test_q4_0_large_scale_uses_float32() -> None:
+def test_q4_0_large_scales_stay_exact() -> None:
+    """-8d overflows float16 for |d| > 8188: the kernels and the q4 layout compute it in float32."""
     shape = (4, 64)
     rng = np.random.default_rng(1)
     raw = _random_raw(T.Q4_0, shape, rng).reshape(-1, 18)
-    raw[3, 0:2] = np.array([-9000.0], np.float16).view(np.uint8)  # 8 * 9000 overflows float16
+    raw[3, 0:2] = np.array([-9000.0], np.float16).view(np.uint8)
     raw[5, 0:2] = np.array([60000.0], np.float16).view(np.uint8)
     packed = _check(raw.reshape(shape[0], -1), T.Q4_0, shape)
-    assert packed.scales.dtype == torch.float32 and packed.mins.dtype == torch.float32
-    ok = _check(_random_raw(T.Q4_0, shape, rng, scale=1000.0), T.Q4_0, shape)  # |8d| < 65504
-    assert ok.scales.dtype == torch.float16 and ok.mins.dtype == torch.float16
+    converted = packed.converted()
+    assert converted.scales.dtype == torch.float32 and converted.mins.dtype == torch.float32
+    assert torch.equal(converted.dequantize(), packed.dequantize())
 
 
 def test_read_only_input_gives_writable_tensors() -> None:

@@ -166,7 +166,7 @@ class CausalLM(nn.Module):
     def _embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tiled_embed is not None:
             t = self.tiled_embed
-            return self._embed_ops.dequantize(t.qt, t.scales, t.mins, t.bits, t.sub, t.n, self.dtype, rows=input_ids)
+            return self._embed_ops.dequantize(t.qt, t.scales, t.mins, t.fmt, t.sub, t.n, self.dtype, rows=input_ids)
         if self.packed_embed is not None:
             return self.packed_embed.rows(input_ids).dequantize(torch.float32).to(self.dtype)
         return F.embedding(input_ids, self.embed_tokens)

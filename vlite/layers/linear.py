@@ -10,7 +10,7 @@ from torch import nn
 
 from vlite import _custom_ops
 from vlite.layers.packed import PackedTensors
-from vlite.layers.quantization import QuantizationPlan, make_linear
+from vlite.layers.quantization import ConcatLinear, QuantizationPlan, make_linear
 
 Weight = torch.Tensor | PackedTensors
 Weights = dict[str, Weight]  # a loader's output: Hugging Face names -> tensors
@@ -21,13 +21,19 @@ def param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.contiguous(), requires_grad=False)
 
 
-def fuse_rows(parts: list[Weight]) -> Weight:
-    """Stack weights along rows (fused QKV, gate/up): packed when every part shares one layout."""
+def fuse_rows(parts: list[Weight]) -> Weight | list[PackedTensors]:
+    """Stack weights along rows (fused QKV, gate/up): packed when every part shares one layout; packed
+    parts of mixed GGUF types (Q4_K_M's Q4_K q/k and Q6_K v) as a list of row groups, one per run of
+    parts with one layout (linear_weight runs them as a ConcatLinear); dense otherwise."""
     if all(isinstance(p, PackedTensors) for p in parts):
-        try:
-            return PackedTensors.cat(parts)
-        except ValueError:  # mixed GGUF types (e.g. Q4_K and Q6_K): run this layer dense
-            pass
+        groups: list[list[PackedTensors]] = []
+        for p in parts:
+            if groups and groups[-1][0].layout == p.layout:
+                groups[-1].append(p)
+            else:
+                groups.append([p])
+        fused = [PackedTensors.cat(g) for g in groups]
+        return fused[0] if len(fused) == 1 else fused
     return torch.cat([p.dequantize() if isinstance(p, PackedTensors) else p.float() for p in parts])
 
 
@@ -37,9 +43,15 @@ def fast_ops(plan: QuantizationPlan) -> Any:
     return _custom_ops.load() if plan.method is not None else None
 
 
-def linear_weight(w: Weight, plan: QuantizationPlan, dtype: torch.dtype, head: bool = False
+def linear_weight(w: Weight | list[PackedTensors], plan: QuantizationPlan, dtype: torch.dtype, head: bool = False
                   ) -> nn.Module | nn.Parameter:
-    """The weight `vlite.layers.quantization.linear` multiplies by: a QuantizedLinear or a dense parameter."""
+    """The weight `vlite.layers.quantization.linear` multiplies by: a QuantizedLinear (a ConcatLinear of
+    them for fuse_rows' row groups) or a dense parameter."""
+    if isinstance(w, list):
+        parts = [make_linear(p, plan, dtype, head=head) for p in w]
+        if all(isinstance(p, torch.Tensor) for p in parts):
+            return param(torch.cat(parts))
+        return ConcatLinear(parts)
     out = make_linear(w, plan, dtype, head=head)
     return out if not isinstance(out, torch.Tensor) else param(out)
 

@@ -12,9 +12,14 @@ none). Scales are float16 where the source's are (Q4_0, Q4_1, Q8_0, ...: exact),
 scale is a product (K-quants: d * sub-scale). Every GGUF type the kernels read maps to one of these
 two layouts without changing a single weight value.
 
+GGUF's Q4_0, Q4_K, Q5_K and Q6_K (the bulk of the files people download) are kept as the file's own
+bytes instead, fmt "q4_0", "q4_k", "q5_k", "q6_k" (vlite/layers/gguf_blocks.py): converted to q4/q8
+with float32 scales they would take 1.3-1.5x the file's size, and a decode step reads every byte.
+
 The kernels read a row-tiled copy (`TiledTensors`, made once at load by `PackedTensors.tiled()`):
 16 output rows per tile, and in each block the 4-input chunks of the 16 rows side by side, so that
-one vector register holds the same inputs of many rows (see quant_linear.cpp).
+one vector register holds the same inputs of many rows (see quant_linear.cpp); the GGUF types' tiles
+are the file's size.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
-from vlite.layers import weight_arena
+from vlite.layers import gguf_blocks, weight_arena
 
 QK = 32  # inputs per block
 TILE = 16  # output rows per tile of the kernels' layout
@@ -32,34 +38,58 @@ TILE = 16  # output rows per tile of the kernels' layout
 
 @dataclass
 class PackedTensors:
-    fmt: str  # "q4" or "q8"
-    qs: torch.Tensor  # q4: uint8 [N, K/2]; q8: int8 [N, K]
-    scales: torch.Tensor  # float16 or float32 [N, K/sub]
-    mins: Optional[torch.Tensor]  # same dtype as scales, [N, K/32], or None (zero)
-    sub: int = QK  # inputs per scale: 32, or 16 (q8 only)
+    fmt: str  # "q4", "q8", or a GGUF type kept in the file's bytes: "q4_0", "q4_k", "q5_k", "q6_k"
+    qs: torch.Tensor  # q4: uint8 [N, K/2]; q8: int8 [N, K]; GGUF types: uint8 [N, the file's bytes per row]
+    scales: Optional[torch.Tensor]  # float16 or float32 [N, K/sub]; None for the GGUF types (in their blocks)
+    mins: Optional[torch.Tensor]  # same dtype as scales, [N, K/32], or None (zero, or in the GGUF blocks)
+    sub: int = QK  # inputs per scale: 32, or 16 (q8 and q6_k)
 
     @property
-    def bits(self) -> int:
-        """The C++ kernels' name for the layout: 4 (q4) or 8 (q8)."""
-        return 4 if self.fmt == "q4" else 8
+    def layout(self) -> tuple:
+        """What weights must share to be stacked into one (PackedTensors.cat)."""
+        return self.fmt, self.sub, None if self.scales is None else self.scales.dtype, self.mins is None
+
+    @property
+    def compact(self) -> bool:
+        """Kept in the GGUF file's own blocks."""
+        return self.fmt in gguf_blocks.COMPACT
+
+    @property
+    def kernel_fmt(self) -> int:
+        """The C++ kernels' name for the layout: 4 (q4), 8 (q8), or the GGUF type's id (2, 12, 13, 14)."""
+        return gguf_blocks.COMPACT[self.fmt] if self.compact else 4 if self.fmt == "q4" else 8
+
+    @property
+    def block(self) -> int:
+        """Inputs per block: rows split into whole blocks only."""
+        return gguf_blocks.block_of(self.fmt)[0] if self.compact else QK
 
     @property
     def shape(self) -> tuple[int, int]:
         n = self.qs.shape[0]
+        if self.compact:
+            block, bdt = gguf_blocks.block_of(self.fmt)
+            return n, self.qs.shape[1] // bdt.itemsize * block
         return n, self.qs.shape[1] * (2 if self.fmt == "q4" else 1)
 
     def rows(self, index: torch.Tensor) -> PackedTensors:
         """The same weight with its rows reordered (GGUF's Q/K rotary permutation, fused QKV)."""
-        return PackedTensors(self.fmt, self.qs[index], self.scales[index],
+        return PackedTensors(self.fmt, self.qs[index], None if self.scales is None else self.scales[index],
                              None if self.mins is None else self.mins[index], self.sub)
 
     def cols(self, start: int, end: int) -> PackedTensors:
-        """Inputs [start, end) of every row (a row-parallel shard): whole blocks of 32 only, so every
-        value and scale is kept as is."""
+        """Inputs [start, end) of every row (a row-parallel shard): whole blocks only (32 inputs; 256 for
+        the K-quants), so every value and scale is kept as is."""
         n, k = self.shape
+        if self.compact and (start % self.block or end % self.block) and not (start % QK or end % QK):
+            return self.converted().cols(start, end)  # K-quant super-blocks split: the q4/q8 layout
         if start % QK or end % QK or not 0 <= start < end <= k:
             raise ValueError(f"packed columns [{start}, {end}) of a [{n}, {k}] weight must split at "
                              f"multiples of the block size {QK}")
+        if self.compact:
+            size = gguf_blocks.block_of(self.fmt)[1].itemsize
+            return PackedTensors(self.fmt, self.qs[:, start // self.block * size:end // self.block * size].contiguous(),
+                                 None, None, self.sub)
         per = 2 if self.fmt == "q4" else 1
         return PackedTensors(self.fmt, self.qs[:, start // per:end // per].contiguous(),
                              self.scales[:, start // self.sub:end // self.sub].contiguous(),
@@ -69,14 +99,30 @@ class PackedTensors:
     def cat(parts: list[PackedTensors]) -> PackedTensors:
         """Stack along rows (fused QKV / gate-up); all parts must share one layout."""
         first = parts[0]
-        if any((p.fmt, p.sub, p.scales.dtype, p.mins is None) != (first.fmt, first.sub, first.scales.dtype,
-                                                                      first.mins is None) for p in parts):
+        if any(p.layout != first.layout for p in parts):
             raise ValueError("cannot fuse packed weights of different layouts")
-        return PackedTensors(first.fmt, torch.cat([p.qs for p in parts]), torch.cat([p.scales for p in parts]),
+        return PackedTensors(first.fmt, torch.cat([p.qs for p in parts]),
+                             None if first.scales is None else torch.cat([p.scales for p in parts]),
                              None if first.mins is None else torch.cat([p.mins for p in parts]), first.sub)
+
+    def converted(self) -> PackedTensors:
+        """A GGUF type's weights in the q4/q8 layout with float32 scales (the same values, 1.3-1.5x the bytes)."""
+        if not self.compact:
+            return self
+        n, k = self.shape
+        q, scales, mins, sub = gguf_blocks.values(self.qs.numpy(), self.fmt, n, k)
+        t = torch.from_numpy
+        if self.fmt in ("q4_0", "q4_k"):
+            b = q.reshape(n, k // QK, 2, 16)
+            nibbles = np.ascontiguousarray(b[:, :, 0] | (b[:, :, 1] << 4)).reshape(n, k // 2)
+            return PackedTensors("q4", t(nibbles), t(scales), t(mins), sub)
+        return PackedTensors("q8", t(np.ascontiguousarray(q).view(np.int8)), t(scales),
+                             None if mins is None else t(mins), sub)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense [N, K] weight these values stand for (reference code: plain torch, float32 math)."""
+        if self.compact:
+            return self.converted().dequantize(dtype)
         n, k = self.shape
         if self.fmt == "q4":
             b = self.qs.view(n, k // QK, QK // 2)
@@ -101,6 +147,10 @@ class PackedTensors:
         [tiles, K/32, 16]; rows past N are zero padding.
         """
         n, k = self.shape
+        if self.compact:  # the file's bytes re-tiled (vlite/layers/gguf_blocks.py)
+            qt, st = gguf_blocks.tile(self.qs.numpy(), self.fmt, n, k)
+            return TiledTensors(self.kernel_fmt, weight_arena.place(torch.from_numpy(qt)),
+                                weight_arena.place(torch.from_numpy(st)), None, self.sub, n, k)
         tiles = -(-n // TILE)
         pad = tiles * TILE - n
         nb = k // QK
@@ -114,7 +164,7 @@ class PackedTensors:
             return t.view(tiles, TILE, t.shape[1]).transpose(1, 2).contiguous()
 
         mins = None if self.mins is None else weight_arena.place(by_tile(self.mins))
-        return TiledTensors(self.bits, weight_arena.place(qt), weight_arena.place(by_tile(self.scales)), mins,
+        return TiledTensors(self.kernel_fmt, weight_arena.place(qt), weight_arena.place(by_tile(self.scales)), mins,
                             self.sub, n, k)
 
 
@@ -122,7 +172,7 @@ class PackedTensors:
 class TiledTensors:
     """Packed weights in the kernels' row-tiled layout (PackedTensors.tiled())."""
 
-    bits: int  # 4 (q4) or 8 (q8)
+    fmt: int  # the kernels' layout code: 4 (q4), 8 (q8), or a GGUF type id (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)
     qt: torch.Tensor
     scales: torch.Tensor
     mins: Optional[torch.Tensor]
@@ -131,15 +181,19 @@ class TiledTensors:
     k: int
 
     def untiled(self) -> PackedTensors:
-        """Back to the row-major layout (reference code and tests)."""
+        """Back to the row-major layout (reference code and tests). Not for the GGUF types' tiles, whose
+        values the kernels' `dequantize` gives (keep their PackedTensors for anything else)."""
+        if self.fmt not in (4, 8):
+            raise ValueError(f"tiles of layout {self.fmt} (a GGUF type) have no row-major form here: dequantize them "
+                             "with the kernels, or keep the PackedTensors")
         tiles, nb = self.qt.shape[0], self.k // QK
-        chunks = 4 if self.bits == 4 else 8
+        chunks = 4 if self.fmt == 4 else 8
         qs = self.qt.view(tiles, nb, chunks, TILE, 4).permute(0, 3, 1, 2, 4).reshape(tiles * TILE, -1)[:self.n]
-        if self.bits == 8:
+        if self.fmt == 8:
             qs = (qs ^ 0x80).view(torch.int8)
 
         def by_row(t: torch.Tensor) -> torch.Tensor:
             return t.transpose(1, 2).reshape(tiles * TILE, -1)[:self.n].contiguous()
 
-        return PackedTensors("q4" if self.bits == 4 else "q8", qs.contiguous(), by_row(self.scales),
+        return PackedTensors("q4" if self.fmt == 4 else "q8", qs.contiguous(), by_row(self.scales),
                              None if self.mins is None else by_row(self.mins), self.sub)

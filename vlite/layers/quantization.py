@@ -67,7 +67,7 @@ class QuantizedLinear(nn.Module):
                  keep_dense: bool = False, precise: Optional[bool] = None) -> None:
         super().__init__()
         self.out_features, self.in_features = packed.shape
-        self.fmt, self.sub = packed.bits, packed.sub
+        self.fmt, self.sub = packed.kernel_fmt, packed.sub
         self.dtype = dtype
         self.dense_above = dense_above
         # int8 activations plus an int8 residual row (~16-bit products); None: for float32 activations
@@ -85,7 +85,7 @@ class QuantizedLinear(nn.Module):
         # The kernel's weight arguments as a plain tuple: read once per call without nn.Module's
         # attribute lookups (121 calls per decode step of the default model).
         t = self.tiled
-        self._args = (t.qt, t.scales, t.mins, t.bits, t.sub, t.n)
+        self._args = (t.qt, t.scales, t.mins, t.fmt, t.sub, t.n)
 
     def dequantize(self, dtype: torch.dtype = torch.float32, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.tiled is None:
@@ -118,7 +118,29 @@ class QuantizedLinear(nn.Module):
         return out if residual is None else out + residual
 
 
-LinearWeight = Union[torch.Tensor, QuantizedLinear]
+class ConcatLinear(nn.Module):
+    """A fused projection (QKV, gate/up) whose parts differ in GGUF type (Q4_K_M files keep some layers'
+    V in Q6_K): each row group runs on its own packed weight, and the outputs are concatenated, so no
+    part is dequantized to a dense copy."""
+
+    def __init__(self, parts: list[QuantizedLinear]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        limits = [p.dense_above for p in parts if p.dense_above is not None]
+        self.dense_above = min(limits) if limits else None
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return torch.cat([p.dequantize(dtype) for p in self.parts])
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
+                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        out = torch.cat([p.forward(x, out_dtype=out_dtype) for p in self.parts], dim=-1)
+        return out if residual is None else out + residual
+
+
+LinearWeight = Union[torch.Tensor, QuantizedLinear, ConcatLinear]
 
 _SCRATCH: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
 
@@ -225,7 +247,7 @@ def dequantize_packed(packed: PackedTensors | TiledTensors, dtype: torch.dtype,
     if kernels is None:
         return (packed.untiled() if isinstance(packed, TiledTensors) else packed).dequantize(dtype)
     t = packed if isinstance(packed, TiledTensors) else packed.tiled()
-    return kernels.dequantize(t.qt, t.scales, t.mins, t.bits, t.sub, t.n, dtype, out=out)
+    return kernels.dequantize(t.qt, t.scales, t.mins, t.fmt, t.sub, t.n, dtype, out=out)
 
 
 def _dense(weight: Union[torch.Tensor, PackedTensors], dtype: torch.dtype) -> torch.Tensor:
@@ -237,7 +259,7 @@ def _dense(weight: Union[torch.Tensor, PackedTensors], dtype: torch.dtype) -> to
 def linear(x: torch.Tensor, weight: LinearWeight, bias: Optional[torch.Tensor] = None,
            residual: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """x @ W.T (+ bias) (+ residual), as out_dtype if given (quantized weights: see QuantizedLinear)."""
-    if isinstance(weight, QuantizedLinear):
+    if isinstance(weight, (QuantizedLinear, ConcatLinear)):
         if bias is None:
             return weight.forward(x, residual, out_dtype)
         out = weight.forward(x, out_dtype=out_dtype) + bias

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 5  # 2: arch_config.json has source_quantization; 3: packed tensors; 4: model families, features;
-# 5: GGUF end-of-turn EOS ids (Gemma 3), family chat templates where the file has none
+_FORMAT_VERSION = 6  # 2: arch_config.json has source_quantization; 3: packed tensors; 4: model families, features;
+# 5: GGUF end-of-turn EOS ids (Gemma 3), family chat templates where the file has none; 6: Q4_0/K-quants in
+# the file's own blocks (packed tensors without scales)
 
 
 def cache_root() -> Optional[Path]:
@@ -88,7 +89,7 @@ def _unflatten(tensors: dict[str, torch.Tensor], layouts: dict[str, str]) -> dic
     weights: dict[str, Any] = {k: v for k, v in tensors.items() if "::" not in k}
     for name, layout in layouts.items():
         spec = json.loads(layout)
-        weights[name] = PackedTensors(spec["fmt"], tensors[f"{name}::qs"], tensors[f"{name}::scales"],
+        weights[name] = PackedTensors(spec["fmt"], tensors[f"{name}::qs"], tensors.get(f"{name}::scales"),
                                       tensors.get(f"{name}::mins"), spec["sub"])
     return weights
 
@@ -168,9 +169,10 @@ def cached_gguf_stream(source: Path, dtype: torch.dtype) -> Optional[tuple[Model
                     yield name, f.get_tensor(name)
                 elif part == "qs":
                     spec = json.loads(layouts[base])
-                    mins = f.get_tensor(f"{base}::mins") if f"{base}::mins" in f.keys() else None
-                    yield base, PackedTensors(spec["fmt"], f.get_tensor(name), f.get_tensor(f"{base}::scales"), mins,
-                                              spec["sub"])
+                    def part(p: str) -> Any:
+                        return f.get_tensor(f"{base}::{p}") if f"{base}::{p}" in f.keys() else None
+
+                    yield base, PackedTensors(spec["fmt"], f.get_tensor(name), part("scales"), part("mins"), spec["sub"])
 
     return arch, tensors()
 

@@ -17,7 +17,7 @@ from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata
 from vlite.layers.decoder import CausalLM
 from vlite.layers.linear import Weights, fast_ops
 from vlite.layers.linear import fuse_rows as _fuse  # noqa: F401 (its old home: tests import it from here)
-from vlite.layers.quantization import QuantizationPlan, QuantizedLinear
+from vlite.layers.quantization import ConcatLinear, QuantizationPlan, QuantizedLinear
 from vlite.model_loader import ModelArchConfig
 
 
@@ -48,10 +48,13 @@ class LlamaForCausalLM(CausalLM):
             if (attn.o_bias is not None or attn.q_norm is not None or mlp.gate_up_bias is not None
                     or mlp.down_bias is not None or attn.window or attn.softcap is not None):
                 return None
-            linears = [attn.qkv_weight, attn.o_weight, mlp.gate_up_weight, mlp.down_weight]
-            if not all(isinstance(w, QuantizedLinear) and w.ops is not None for w in linears) or mlp.ops is None:
+            # each projection's packed parts: one, or a ConcatLinear's row groups of mixed GGUF types
+            linears = [list(w.parts) if isinstance(w, ConcatLinear) else [w]
+                       for w in (attn.qkv_weight, attn.o_weight, mlp.gate_up_weight, mlp.down_weight)]
+            if not all(isinstance(w, QuantizedLinear) and w.ops is not None for parts in linears for w in parts
+                       ) or mlp.ops is None:
                 return None
-            packed = [ops.PackedLinear(*w._args, w.precise) for w in linears]
+            packed = [[ops.PackedLinear(*w._args, w.precise) for w in parts] for parts in linears]
             out.append((layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                         layer.input_layernorm.eps, packed, attn.qkv_bias, attn.num_heads, attn.num_kv_heads,
                         attn.head_dim))

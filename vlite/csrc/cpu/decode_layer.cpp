@@ -15,9 +15,21 @@ struct PackedLinear {
   c10::optional<bool> precise;  // None: float32 activations get the residual row
 };
 
-static at::Tensor run_linear(const at::Tensor& x, const PackedLinear& w,
+// One projection: its packed weight, or the row groups of a fused one whose parts differ in GGUF type
+// (Q4_K_M's Q4_K q/k and Q6_K v), run one after the other and concatenated
+using PackedParts = std::vector<PackedLinear>;
+
+static at::Tensor run_linear(const at::Tensor& x, const PackedParts& parts,
                              c10::optional<at::Tensor> residual = c10::nullopt) {
-  return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n, residual, w.precise);
+  if (parts.size() == 1) {
+    const PackedLinear& w = parts[0];
+    return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n, residual, w.precise);
+  }
+  std::vector<at::Tensor> outs;
+  for (const PackedLinear& w : parts) outs.push_back(quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n,
+                                                                  c10::nullopt, w.precise));
+  auto out = at::cat(outs, 1);
+  return residual.has_value() ? out + *residual : out;
 }
 
 // One layer's weights: norms, the packed qkv, o, gate_up and down projections (row-tiled qt, scales,
@@ -25,7 +37,7 @@ static at::Tensor run_linear(const at::Tensor& x, const PackedLinear& w,
 struct LlamaLayer {
   at::Tensor input_norm, post_norm;
   double eps;
-  std::vector<PackedLinear> linears;
+  std::vector<PackedParts> linears;
   c10::optional<at::Tensor> qkv_bias;
   int64_t num_heads, num_kv_heads, head_dim;
 };
@@ -56,7 +68,7 @@ static at::Tensor llama_decode_layer(at::Tensor hidden, const LlamaLayer& l, con
 struct LlamaDecodeStack {
   std::vector<LlamaLayer> layers;
 
-  void add_layer(at::Tensor input_norm, at::Tensor post_norm, double eps, std::vector<PackedLinear> linears,
+  void add_layer(at::Tensor input_norm, at::Tensor post_norm, double eps, std::vector<PackedParts> linears,
                  c10::optional<at::Tensor> qkv_bias, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
     TORCH_CHECK(linears.size() == 4, "LlamaDecodeStack: qkv, o, gate_up, down");
     layers.push_back({input_norm, post_norm, eps, std::move(linears), qkv_bias, num_heads, num_kv_heads, head_dim});

@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "compact_blocks.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -170,9 +171,44 @@ void quantize_rows(const T* x, int64_t M, int64_t K, bool precise, int8_t* q, fl
   });
 }
 
-// bytes of one block of one tile: 16 rows x 16 (q4) or 32 (q8) bytes
+// Weight kinds of the kernels (FMT): 4: q4 nibbles; 5, 6: nibbles plus a plane of 1 or 2 high bits per
+// weight (Q5_K, Q6_K; compact_blocks.h); 8: q8 bytes holding w + 128.
+// Bytes of one block of one tile: 16 rows x 16 (nibbles) or 32 (q8) bytes; the high plane's block.
 template <int FMT>
-constexpr int64_t tile_block_bytes() { return FMT == 4 ? kTile * QK / 2 : kTile * QK; }
+constexpr int64_t tile_block_bytes() { return FMT == 8 ? kTile * QK : kTile * QK / 2; }
+template <int FMT>
+constexpr int64_t high_block_bytes() { return FMT == 5 ? kTile * 4 : FMT == 6 ? kTile * 8 : 0; }
+// what the unsigned bytes the integer products see carry on top of the weight (q8: +128, Q6_K: q - 32 -> q)
+template <int FMT>
+constexpr int weight_offset() { return FMT == 8 ? 128 : FMT == 6 ? 32 : 0; }
+
+// Row l's 32 weight integers of block b of a tile (q4/q5 unsigned, Q6_K and q8 signed), natural input order:
+// reference code (portable kernels, dequantize).
+template <int FMT, typename V>
+static inline void block_values(const uint8_t* qt, int64_t nb, int64_t b, int64_t l, V* out) {
+  const uint8_t* wb = qt + b * tile_block_bytes<FMT>() + 4 * l;
+  const uint8_t* hb = qt + nb * tile_block_bytes<FMT>() + b * high_block_bytes<FMT>() + 4 * l;
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 4; ++i) {
+      int v;
+      if constexpr (FMT == 8) {
+        v = wb[64 * j + i];
+      } else {  // chunk j % 4: inputs 4j.. in the low nibbles (j < 4), in the high ones (j >= 4)
+        const uint8_t byte = wb[64 * (j % 4) + i];
+        v = j < 4 ? (byte & 0x0F) : (byte >> 4);
+        if constexpr (FMT == 5) v |= ((hb[i] >> j) & 1) << 4;
+        if constexpr (FMT == 6) v |= ((hb[64 * (j / 4) + i] >> (2 * (j % 4))) & 3) << 4;
+      }
+      out[4 * j + i] = static_cast<V>(v - weight_offset<FMT>());
+    }
+}
+
+// Compact (file-sized) weights: where their scale bytes are, to decode one tile's at a time
+struct TileScales {
+  int64_t code;        // CompactCode
+  const uint8_t* st;   // every tile's scale bytes
+  int64_t tile_bytes;  // per tile
+};
 
 // ---- one tile (16 weight rows) against R activation rows: res[r * 16 + lane] ----
 #if defined(VLITE_AVX512)
@@ -195,32 +231,66 @@ static inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t* x) {
 }
 #endif
 
-template <int FMT, int SUB, int R, typename S>
+// SC: the scales' form: 0 arrays (st, mt); a CompactCode: the tile's scale bytes `ks`, decoded here in
+// registers super-block by super-block (no buffer), the same products as decode_tile_scales.
+template <int FMT, int SUB, int R, typename S, int SC = 0>
 static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const Activations& a, int64_t m0,
-                            float* res, const uint8_t* pf) {
+                            float* res, const uint8_t* pf, const uint8_t* ks = nullptr) {
   constexpr int64_t PER = QK / SUB;
+  __m512 kd = _mm512_setzero_ps(), kdmin = kd;  // K-quants: the super-block's d and -dmin
+  __m512i ka = _mm512_setzero_si512(), kb = ka, kc = ka;  // its sub-scale/min nibbles and top bits
   __m512 accf[R];
   for (int r = 0; r < R; ++r) accf[r] = _mm512_setzero_ps();
+  constexpr int OFF = weight_offset<FMT>();
   const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const int64_t high0 = a.nb * tile_block_bytes<FMT>();  // the high plane follows the tile's nibbles
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* wb = qt + b * tile_block_bytes<FMT>();
-    if (pf != nullptr)  // the next tile's block: DRAM latency hidden behind this tile's arithmetic
+    const uint8_t* hb = qt + high0 + b * high_block_bytes<FMT>();
+    if (pf != nullptr) {  // the next tile's block: DRAM latency hidden behind this tile's arithmetic
       for (int64_t i = 0; i < tile_block_bytes<FMT>(); i += 64)
         _mm_prefetch(reinterpret_cast<const char*>(pf + b * tile_block_bytes<FMT>() + i), _MM_HINT_T0);
+      for (int64_t i = 0; i < high_block_bytes<FMT>(); i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + high0 + b * high_block_bytes<FMT>() + i), _MM_HINT_T0);
+    }
     __m512i w[8];  // w[j]: inputs 4j..4j+3 of the block for the 16 rows (u8)
-    if constexpr (FMT == 4) {
+    if constexpr (FMT == 8) {
+      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wb + 64 * j);
+    } else {
       for (int p = 0; p < 4; ++p) {
         const __m512i raw = _mm512_loadu_si512(wb + 64 * p);
         w[p] = _mm512_and_si512(raw, m4);
         w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
       }
-    } else {
-      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wb + 64 * j);
+    }
+    if constexpr (FMT == 5) {  // bit j of byte i: input 4j + i's bit 4
+      const __m512i h = _mm512_loadu_si512(hb), bit4 = _mm512_set1_epi8(0x10);
+      w[0] = _mm512_ternarylogic_epi32(w[0], _mm512_slli_epi16(h, 4), bit4, 0xF8);  // a | (b & c)
+      w[1] = _mm512_ternarylogic_epi32(w[1], _mm512_slli_epi16(h, 3), bit4, 0xF8);
+      w[2] = _mm512_ternarylogic_epi32(w[2], _mm512_slli_epi16(h, 2), bit4, 0xF8);
+      w[3] = _mm512_ternarylogic_epi32(w[3], _mm512_slli_epi16(h, 1), bit4, 0xF8);
+      w[4] = _mm512_ternarylogic_epi32(w[4], h, bit4, 0xF8);
+      w[5] = _mm512_ternarylogic_epi32(w[5], _mm512_srli_epi16(h, 1), bit4, 0xF8);
+      w[6] = _mm512_ternarylogic_epi32(w[6], _mm512_srli_epi16(h, 2), bit4, 0xF8);
+      w[7] = _mm512_ternarylogic_epi32(w[7], _mm512_srli_epi16(h, 3), bit4, 0xF8);
+    } else if constexpr (FMT == 6) {  // bits 2p, 2p+1 of byte i: input 16h + 4p + i's bits 4, 5
+      const __m512i bits45 = _mm512_set1_epi8(0x30);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i hv = _mm512_loadu_si512(hb + 64 * h);
+        w[4 * h + 0] = _mm512_ternarylogic_epi32(w[4 * h + 0], _mm512_slli_epi16(hv, 4), bits45, 0xF8);
+        w[4 * h + 1] = _mm512_ternarylogic_epi32(w[4 * h + 1], _mm512_slli_epi16(hv, 2), bits45, 0xF8);
+        w[4 * h + 2] = _mm512_ternarylogic_epi32(w[4 * h + 2], hv, bits45, 0xF8);
+        w[4 * h + 3] = _mm512_ternarylogic_epi32(w[4 * h + 3], _mm512_srli_epi16(hv, 2), bits45, 0xF8);
+      }
     }
 #if !defined(__AVX512VNNI__)
+    // without VNNI, 5- and 6-bit weights take q8's path (w + 128 as u8): their int16 pair sums could saturate
+    constexpr bool kQ8Path = FMT != 4;
+    if constexpr (FMT == 5 || FMT == 6)
+      for (int j = 0; j < 8; ++j) w[j] = _mm512_add_epi8(w[j], _mm512_set1_epi8(static_cast<char>(128 - OFF)));
     __m512i aw[8];  // q8 without VNNI: |w| and w's sign mask (sign trick)
     __mmask64 neg[8];
-    if constexpr (FMT == 8) {
+    if constexpr (kQ8Path) {
       for (int j = 0; j < 8; ++j) {
         const __m512i ws = _mm512_xor_si512(w[j], _mm512_set1_epi8(static_cast<char>(0x80)));
         aw[j] = _mm512_abs_epi8(ws);
@@ -228,8 +298,38 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
       }
     }
 #endif
-    const __m512 s0 = load16f(st + (b * PER) * kTile);
-    const __m512 s1 = PER == 2 ? load16f(st + (b * PER + 1) * kTile) : s0;
+    __m512 s0, s1, mn;
+    if constexpr (SC == 0) {
+      s0 = load16f(st + (b * PER) * kTile);
+      s1 = PER == 2 ? load16f(st + (b * PER + 1) * kTile) : s0;
+      if (mt != nullptr) mn = load16f(mt + b * kTile);
+    } else if constexpr (SC == kQ4_0) {
+      s0 = s1 = load16f(reinterpret_cast<const c10::Half*>(ks) + b * kTile);
+      mn = _mm512_mul_ps(s0, _mm512_set1_ps(-8.f));
+    } else if constexpr (SC == kQ6_K) {
+      const uint8_t* p = ks + (b / 8) * 288;
+      if (b % 8 == 0) kd = load16f(reinterpret_cast<const c10::Half*>(p));
+      const __m128i* sc = reinterpret_cast<const __m128i*>(p + 32 + (b % 8) * 2 * kTile);
+      s0 = _mm512_mul_ps(kd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(sc))));
+      s1 = _mm512_mul_ps(kd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(sc + 1))));
+    } else {  // Q4_K, Q5_K: sub-block j = b % 8 from nibble j of ka/kb and bits 2j.. (16 + 2j..) of kc
+      if (b % 8 == 0) {
+        const uint8_t* p = ks + (b / 8) * 256;
+        kd = load16f(reinterpret_cast<const c10::Half*>(p));
+        kdmin = _mm512_sub_ps(_mm512_setzero_ps(), load16f(reinterpret_cast<const c10::Half*>(p + 32)));
+        ka = _mm512_loadu_si512(p + 64);
+        kb = _mm512_loadu_si512(p + 128);
+        kc = _mm512_loadu_si512(p + 192);
+      }
+      const __m512i m15 = _mm512_set1_epi32(15), m48 = _mm512_set1_epi32(0x30);
+      const __m512i sci = _mm512_or_si512(_mm512_and_si512(ka, m15), _mm512_and_si512(_mm512_slli_epi32(kc, 4), m48));
+      const __m512i mni = _mm512_or_si512(_mm512_and_si512(kb, m15), _mm512_and_si512(_mm512_srli_epi32(kc, 12), m48));
+      s0 = s1 = _mm512_mul_ps(kd, _mm512_cvtepi32_ps(sci));
+      mn = _mm512_mul_ps(kdmin, _mm512_cvtepi32_ps(mni));
+      ka = _mm512_srli_epi32(ka, 4);
+      kb = _mm512_srli_epi32(kb, 4);
+      kc = _mm512_srli_epi32(kc, 2);
+    }
     for (int r = 0; r < R; ++r) {
       const int64_t row = m0 + r;
       const int32_t* xi = reinterpret_cast<const int32_t*>(a.q + row * a.K + b * QK);
@@ -240,14 +340,14 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
         acc0 = dpbusd_bcast(acc0, w[j], xi + j);
         acc1 = dpbusd_bcast(acc1, w[j + 4], xi + j + 4);
       }
-      if constexpr (FMT == 8) {  // the weights carry +128
+      if constexpr (OFF != 0) {  // the weights carry +128 (q8) or +32 (Q6_K)
         const int32_t* hs = a.isum + row * 2 * a.nb + 2 * b;
-        acc0 = _mm512_sub_epi32(acc0, _mm512_set1_epi32(128 * hs[0]));
-        acc1 = _mm512_sub_epi32(acc1, _mm512_set1_epi32(128 * hs[1]));
+        acc0 = _mm512_sub_epi32(acc0, _mm512_set1_epi32(OFF * hs[0]));
+        acc1 = _mm512_sub_epi32(acc1, _mm512_set1_epi32(OFF * hs[1]));
       }
 #else
       const __m512i ones = _mm512_set1_epi16(1);
-      if constexpr (FMT == 4) {  // u4 x s8 pair sums <= 3810: four of them fit an int16
+      if constexpr (!kQ8Path) {  // u4 x s8 pair sums <= 3810: four of them fit an int16
         __m512i p0 = _mm512_maddubs_epi16(w[0], _mm512_set1_epi32(xi[0]));
         __m512i p1 = _mm512_maddubs_epi16(w[4], _mm512_set1_epi32(xi[4]));
         for (int j = 1; j < 4; ++j) {
@@ -275,8 +375,7 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
         accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc1), _mm512_mul_ps(s1, dx), accf[r]);
       }
     }
-    if (mt != nullptr) {
-      const __m512 mn = load16f(mt + b * kTile);
+    if (SC == 0 ? mt != nullptr : SC != kQ6_K) {
       for (int r = 0; r < R; ++r) accf[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.dsum[(m0 + r) * a.nb + b]), accf[r]);
     }
   }
@@ -422,27 +521,64 @@ static inline void tile_scale_groups(const int32_t (*ib)[2][PER][R][8], const S*
   }
 }
 
+// AVX2, 5- and 6-bit weights (nibbles + high plane): one block as q8's tile block (w + 128 as u8), for
+// q8_block_ints (the sign trick: their unsigned int16 pair sums could saturate)
+// (rows 8h..8h+7 for h in [h0, h1))
+template <int FMT>
+static inline void high_block_to_q8(const uint8_t* wb, const uint8_t* hb, uint8_t* out, int h0 = 0, int h1 = 2) {
+  constexpr int OFF = weight_offset<FMT>();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), add = _mm256_set1_epi8(static_cast<char>(128 - OFF));
+  const __m256i mask = _mm256_set1_epi8(FMT == 5 ? 0x10 : 0x30);
+  for (int h = h0; h < h1; ++h) {  // rows 8h..8h+7
+    for (int p = 0; p < 4; ++p) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * p + 32 * h));
+      for (int half = 0; half < 2; ++half) {  // chunk j = 4 half + p: inputs 4j..4j+3
+        const int j = 4 * half + p;
+        const __m256i lo = _mm256_and_si256(half == 0 ? raw : _mm256_srli_epi16(raw, 4), m4);
+        __m256i hi;
+        if constexpr (FMT == 5) {  // bit j -> bit 4
+          const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hb + 32 * h));
+          hi = j <= 4 ? _mm256_slli_epi16(hv, 4 - j) : _mm256_srli_epi16(hv, j - 4);
+        } else {  // bits 2p, 2p+1 of plane `half` -> bits 4, 5
+          const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hb + 64 * half + 32 * h));
+          hi = p <= 2 ? _mm256_slli_epi16(hv, 4 - 2 * p) : _mm256_srli_epi16(hv, 2);
+        }
+        const __m256i v = _mm256_or_si256(lo, _mm256_and_si256(hi, mask));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * j + 32 * h), _mm256_add_epi8(v, add));
+      }
+    }
+  }
+}
+
 // Never inlined: inlined into the caller's loop (as GCC chose for 8 rows once the passes grew to 16)
 // its 8-row pass ran 10% slower.
 template <int FMT, int SUB, int R, typename S>
 __attribute__((noinline)) void tile_dot(const uint8_t* qt, const S* st, const S* mt, const Activations& a, int64_t m0,
                                         float* res, const uint8_t* pf) {
   constexpr int64_t PER = QK / SUB;
-  static_assert(FMT == 8 || PER == 1, "q4 blocks have one scale");
+  static_assert(FMT != 4 || PER == 1, "q4 blocks have one scale");
   constexpr int64_t G = PER == 2 ? 8 : 16;  // blocks per pass (the buffer: <= 16 KB)
   alignas(32) int32_t ib[G][2][PER][R][8];
+  const int64_t high0 = a.nb * tile_block_bytes<FMT>();  // the high plane follows the tile's nibbles
   for (int64_t i = 0; i < R * kTile; ++i) res[i] = 0.f;
   for (int64_t b0 = 0; b0 < a.nb; b0 += G) {
     const int64_t b1 = std::min(a.nb, b0 + G);
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* wb = qt + b * tile_block_bytes<FMT>();
-      if (pf != nullptr)  // the next tile's block: DRAM latency hidden behind this tile's arithmetic
+      if (pf != nullptr) {  // the next tile's block: DRAM latency hidden behind this tile's arithmetic
         for (int64_t i = 0; i < tile_block_bytes<FMT>(); i += 64)
           _mm_prefetch(reinterpret_cast<const char*>(pf + b * tile_block_bytes<FMT>() + i), _MM_HINT_T0);
+        for (int64_t i = 0; i < high_block_bytes<FMT>(); i += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + high0 + b * high_block_bytes<FMT>() + i), _MM_HINT_T0);
+      }
       if constexpr (FMT == 4) {
         q4_block_ints<R>(wb, a, m0, b, ib[b - b0]);
-      } else {
+      } else if constexpr (FMT == 8) {
         q8_block_ints<PER, R>(wb, a, m0, b, ib[b - b0]);
+      } else {
+        alignas(32) uint8_t q8[tile_block_bytes<8>()];
+        high_block_to_q8<FMT>(wb, qt + high0 + b * high_block_bytes<FMT>(), q8);
+        q8_block_ints<PER, R>(q8, a, m0, b, ib[b - b0]);
       }
     }
     tile_scale_groups<PER, R, 0>(ib, st, mt, a, m0, b0, b1, res);
@@ -454,20 +590,30 @@ __attribute__((noinline)) void tile_dot(const uint8_t* qt, const S* st, const S*
 // `vpmaddwd`: the same products as the pair of int8 rows, in ~half the instructions (no sign trick,
 // one multiply per weight instead of two). Lanes come out of `vphaddd` in the order 0 1 4 5 2 3 6 7;
 // scales and mins are permuted alike and the result is put back in order at the end.
-template <int SUB, int R, typename S>
+// 5- and 6-bit weights (Q5_K, Q6_K) take the same path, each half block first unpacked to q8's bytes.
+template <int FMT, int SUB, int R, typename S>
 static inline void tile_dot_i16(const uint8_t* qt, const S* st, const S* mt, const Activations& a, int64_t m0,
                                 float* res, const uint8_t* pf) {
   constexpr int64_t PER = QK / SUB;
   const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const int64_t high0 = a.nb * tile_block_bytes<FMT>();
+  alignas(32) uint8_t q8[tile_block_bytes<8>()];
   for (int h = 0; h < 2; ++h) {
     __m256 accf[R];
     for (int r = 0; r < R; ++r) accf[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* wb = qt + b * tile_block_bytes<8>() + 32 * h;
-      if (pf != nullptr && h == 0)
-        for (int64_t i = 0; i < tile_block_bytes<8>(); i += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(pf + b * tile_block_bytes<8>() + i), _MM_HINT_T0);
+      const uint8_t* wb = qt + b * tile_block_bytes<FMT>() + 32 * h;
+      if (pf != nullptr && h == 0) {
+        for (int64_t i = 0; i < tile_block_bytes<FMT>(); i += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + b * tile_block_bytes<FMT>() + i), _MM_HINT_T0);
+        for (int64_t i = 0; i < high_block_bytes<FMT>(); i += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + high0 + b * high_block_bytes<FMT>() + i), _MM_HINT_T0);
+      }
+      if constexpr (FMT != 8) {
+        high_block_to_q8<FMT>(qt + b * tile_block_bytes<FMT>(), qt + high0 + b * high_block_bytes<FMT>(), q8, h, h + 1);
+        wb = q8 + 32 * h;
+      }
       __m256 sc[PER];
       for (int64_t p = 0; p < PER; ++p)
         sc[p] = _mm256_permutevar8x32_ps(load8f(st + (b * PER + p) * kTile + 8 * h), perm);
@@ -510,18 +656,8 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
   constexpr int64_t PER = QK / SUB;
   float accf[R][kTile] = {};
   for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* wb = qt + b * tile_block_bytes<FMT>();
     int32_t w[kTile][QK];  // signed weight values, natural input order
-    for (int j = 0; j < 8; ++j)
-      for (int l = 0; l < kTile; ++l)
-        for (int i = 0; i < 4; ++i) {
-          if constexpr (FMT == 4) {
-            const uint8_t v = wb[(j % 4) * 64 + l * 4 + i];
-            w[l][4 * j + i] = j < 4 ? (v & 0x0F) : (v >> 4);
-          } else {
-            w[l][4 * j + i] = static_cast<int32_t>(wb[j * 64 + l * 4 + i]) - 128;
-          }
-        }
+    for (int l = 0; l < kTile; ++l) block_values<FMT>(qt, a.nb, b, l, w[l]);
     for (int r = 0; r < R; ++r) {
       const int64_t row = m0 + r;
       const int8_t* x = a.q + row * a.K + b * QK;
@@ -552,11 +688,12 @@ static inline void with_rows(int64_t rows, F&& f) {
 }
 
 // M activation rows (2 per output row with `pairs`: value and residual, summed) x N weight rows
+// `ts`: compact weights, whose scales (S = float) are decoded tile by tile (st and mt unused)
 template <int FMT, int SUB, typename S, typename T>
 void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, const S* mt, int64_t N, T* out,
-               bool pairs, const T* residual) {
+               bool pairs, const T* residual, const TileScales* ts = nullptr) {
   const int64_t tiles = (N + kTile - 1) / kTile;
-  const int64_t tile_bytes = a.nb * tile_block_bytes<FMT>();
+  const int64_t tile_bytes = a.nb * (tile_block_bytes<FMT>() + high_block_bytes<FMT>());
   const int64_t scales_per_tile = (a.K / SUB) * kTile, mins_per_tile = a.nb * kTile;
   const int64_t grain = std::max<int64_t>(1, 256 / std::max<int64_t>(1, M * a.nb));
   // rows [r0, r0 + rows) of res -> out (one output row per `step` activation rows)
@@ -577,21 +714,44 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
       }
     }
   };
+  // the tile's scales and mins: from the arrays, or a compact weight's decoded into this thread's buffers
+  auto tile_scales = [&](int64_t t, const S*& s, const S*& mn) {
+#if defined(VLITE_AVX512)
+    if (ts != nullptr) {  // decoded in the kernel's registers (tile_dot's SC)
+      s = mn = nullptr;
+      return;
+    }
+#endif
+    if constexpr (std::is_same_v<S, float>) {
+      if (ts != nullptr) {
+        thread_local std::vector<float> sc_buf, mn_buf;
+        sc_buf.resize(scales_per_tile);
+        mn_buf.resize(mins_per_tile);
+        decode_tile_scales(ts->code, ts->st + t * ts->tile_bytes, a.K, sc_buf.data(), mn_buf.data());
+        s = sc_buf.data();
+        mn = compact_has_mins(ts->code) ? mn_buf.data() : nullptr;
+        return;
+      }
+    }
+    s = st + t * scales_per_tile;
+    mn = mt != nullptr ? mt + t * mins_per_tile : nullptr;
+  };
 #if defined(VLITE_AVX2)
-  if constexpr (FMT == 8) {
+  if constexpr (FMT != 4) {
     if (a.q16 != nullptr) {  // M / 2 int16 rows (pairs), one output row each
       const int64_t MO = M / 2;
       at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
         alignas(64) float res[kRows * kTile];
         for (int64_t t = begin; t < end; ++t) {
           const uint8_t* q = qt + t * tile_bytes;
-          const S* s = st + t * scales_per_tile;
-          const S* mn = mt != nullptr ? mt + t * mins_per_tile : nullptr;
+          const S* s;
+          const S* mn;
+          tile_scales(t, s, mn);
           const uint8_t* next = t + 1 < end ? q + tile_bytes : nullptr;
           for (int64_t m = 0; m < MO; m += 4) {
             const int64_t rows = std::min<int64_t>(4, MO - m);
             const uint8_t* pf = m == 0 ? next : nullptr;
-            with_rows<4>(rows, [&](auto r) { tile_dot_i16<SUB, decltype(r)::value>(q, s, mn, a, m, res, pf); });
+            with_rows<4>(rows, [&](auto r) { tile_dot_i16<FMT, SUB, decltype(r)::value>(q, s, mn, a, m, res, pf); });
             store(res, m, rows, 1, t * kTile, std::min(kTile, N - t * kTile));
           }
         }
@@ -624,8 +784,9 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
       const int64_t m_end = std::min(M, m_begin + m_block);
       for (int64_t t = begin; t < end; ++t) {
         const uint8_t* q = qt + t * tile_bytes;
-        const S* s = st + t * scales_per_tile;
-        const S* mn = mt != nullptr ? mt + t * mins_per_tile : nullptr;
+        const S* s;
+        const S* mn;
+        tile_scales(t, s, mn);
         const uint8_t* next = t + 1 < end ? q + tile_bytes : nullptr;
         for (int64_t m = m_begin, rows; m < m_end; m += rows) {
           if constexpr (kPass > kRows + 1) {  // near-equal passes of at most kPass rows (an even count with pairs)
@@ -635,7 +796,22 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
             rows = merge && !pairs && m_end - m == kRows + 1 ? kRows + 1 : std::min<int64_t>(kRows, m_end - m);
           }
           const uint8_t* pf = m == m_begin ? next : nullptr;
+#if defined(VLITE_AVX512)
+          if (ts != nullptr) {
+            const uint8_t* ks = ts->st + t * ts->tile_bytes;
+            with_rows<kPass>(rows, [&](auto r) {
+              constexpr int R = decltype(r)::value;
+              if constexpr (FMT == 6) tile_dot<FMT, SUB, R, S, kQ6_K>(q, s, mn, a, m, res, pf, ks);
+              else if constexpr (FMT == 5) tile_dot<FMT, SUB, R, S, kQ4_K>(q, s, mn, a, m, res, pf, ks);
+              else if (ts->code == kQ4_0) tile_dot<FMT, SUB, R, S, kQ4_0>(q, s, mn, a, m, res, pf, ks);
+              else tile_dot<FMT, SUB, R, S, kQ4_K>(q, s, mn, a, m, res, pf, ks);
+            });
+          } else {
+            with_rows<kPass>(rows, [&](auto r) { tile_dot<FMT, SUB, decltype(r)::value>(q, s, mn, a, m, res, pf); });
+          }
+#else
           with_rows<kPass>(rows, [&](auto r) { tile_dot<FMT, SUB, decltype(r)::value>(q, s, mn, a, m, res, pf); });
+#endif
           store(res, m, rows, pairs ? 2 : 1, t * kTile, std::min(kTile, N - t * kTile));
         }
       }
@@ -643,9 +819,31 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
   });
 }
 
+void check_compact(const at::Tensor& qt, const at::Tensor& st, const c10::optional<at::Tensor>& mt,
+                   int64_t code, int64_t sub, int64_t N, int64_t K) {
+  const int64_t block = code == kQ4_0 ? QK : 256, tiles = (N + kTile - 1) / kTile;
+  TORCH_CHECK(K % block == 0, "K must be a multiple of ", block, " for GGUF type code ", code, ", got ", K);
+  TORCH_CHECK(sub == compact_sub(code), "sub must be ", compact_sub(code), " for GGUF type code ", code);
+  const int64_t high_bits = compact_weight_kind(code) - 4, qt_cols = K * kTile / 2 + K * kTile * high_bits / 8;
+  TORCH_CHECK(N > 0 && qt.is_contiguous() && qt.scalar_type() == at::kByte && qt.dim() == 2 && qt.size(0) == tiles &&
+              qt.size(1) == qt_cols, "bad tiled weight: expected uint8 [", tiles, ", ", qt_cols, "] for N=", N,
+              ", K=", K);
+  TORCH_CHECK(!mt.has_value(), "GGUF type code ", code, " takes no mins tensor: its mins are in its scales");
+  if (code == kQ4_0) {
+    TORCH_CHECK(st.is_contiguous() && st.scalar_type() == at::kHalf && st.dim() == 3 && st.size(0) == tiles &&
+                st.size(1) == K / QK && st.size(2) == kTile, "bad tiled scales: expected float16 [", tiles, ", ",
+                K / QK, ", 16]");
+  } else {
+    TORCH_CHECK(st.is_contiguous() && st.scalar_type() == at::kByte && st.dim() == 3 && st.size(0) == tiles &&
+                st.size(1) == K / 256 && st.size(2) == compact_superblock_bytes(code), "bad tiled scales: expected "
+                "uint8 [", tiles, ", ", K / 256, ", ", compact_superblock_bytes(code), "]");
+  }
+}
+
 void check_tiled(const at::Tensor& qt, const at::Tensor& st, const c10::optional<at::Tensor>& mt,
                  int64_t fmt, int64_t sub, int64_t N, int64_t K) {
-  TORCH_CHECK(fmt == 4 || fmt == 8, "fmt must be 4 or 8");
+  if (is_compact(fmt)) return check_compact(qt, st, mt, fmt, sub, N, K);
+  TORCH_CHECK(fmt == 4 || fmt == 8, "fmt must be 4, 8 or a GGUF type code (2, 12, 13, 14), got ", fmt);
   TORCH_CHECK(sub == 32 || (sub == 16 && fmt == 8), "sub must be 32 (or 16 for q8)");
   TORCH_CHECK(K % QK == 0, "K must be a multiple of 32, got ", K);
   const int64_t tiles = (N + kTile - 1) / kTile;
@@ -728,7 +926,7 @@ at::Tensor quant_linear(at::Tensor x, at::Tensor qt, at::Tensor st, c10::optiona
 #if defined(VLITE_AVX2)
   thread_local std::vector<int16_t> q16_buf;
   thread_local std::vector<float> d16_buf, ds16_buf;
-  if (fmt == 8 && precise) {
+  if ((fmt == 8 || (is_compact(fmt) && compact_weight_kind(fmt) != 4)) && precise) {
     if (static_cast<int64_t>(q16_buf.size()) < M * K) q16_buf.resize(M * K);
     if (static_cast<int64_t>(d16_buf.size()) < M * nb) { d16_buf.resize(M * nb); ds16_buf.resize(M * nb); }
     for (int64_t m = 0; m < M; ++m) {
@@ -747,6 +945,22 @@ at::Tensor quant_linear(at::Tensor x, at::Tensor qt, at::Tensor st, c10::optiona
   }
 #endif
   const uint8_t* w = qt.data_ptr<uint8_t>();
+  if (is_compact(fmt)) {
+    const TileScales ts{fmt, reinterpret_cast<const uint8_t*>(st.data_ptr()),
+                        static_cast<int64_t>(st.numel() * st.element_size() / st.size(0))};
+    auto run = [&](auto out_tag) {
+      using T = decltype(out_tag);
+      T* o = reinterpret_cast<T*>(out.data_ptr());
+      const T* rp = residual.has_value() ? reinterpret_cast<const T*>(residual->data_ptr()) : nullptr;
+      const int kind = compact_weight_kind(fmt);
+      if (kind == 4) gemm_impl<4, 32, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
+      else if (kind == 5) gemm_impl<5, 32, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
+      else gemm_impl<6, 16, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
+    };
+    if (odt == at::kFloat) run(float());
+    else run(c10::BFloat16());
+    return out;
+  }
   auto with_out = [&](auto out_tag, auto scale_tag) {
     using T = decltype(out_tag);
     using S = decltype(scale_tag);
@@ -774,7 +988,8 @@ at::Tensor quant_linear(at::Tensor x, at::Tensor qt, at::Tensor st, c10::optiona
 // weights) -> [R, K].
 at::Tensor dequantize(at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt, int64_t fmt, int64_t sub, int64_t N,
                       at::ScalarType dtype, c10::optional<at::Tensor> out_buffer, c10::optional<at::Tensor> rows) {
-  const int64_t K = qt.size(1) * (fmt == 4 ? 2 : 1) / kTile;
+  const int64_t kind = is_compact(fmt) ? compact_weight_kind(fmt) : fmt;  // bits per weight in qt
+  const int64_t K = qt.size(1) * 8 / (kTile * kind);
   check_tiled(qt, st, mt, fmt, sub, N, K);
   at::Tensor idx;
   if (rows.has_value()) {
@@ -796,6 +1011,41 @@ at::Tensor dequantize(at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt
   }
   const uint8_t* w = qt.data_ptr<uint8_t>();
   const int64_t nb = K / QK, block_bytes = fmt == 4 ? kTile * QK / 2 : kTile * QK;
+  if (is_compact(fmt)) {  // each row's tile scales decoded, its integers read as the portable kernel does
+    const uint8_t* sp = reinterpret_cast<const uint8_t*>(st.data_ptr());
+    const int64_t st_tile = st.numel() * st.element_size() / st.size(0), nsub = K / sub, tile_bytes = qt.size(1);
+    auto run = [&](auto out_tag) {
+      using T = decltype(out_tag);
+      T* o = reinterpret_cast<T*>(out.data_ptr());
+      at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> sc(nsub * kTile), mn(nb * kTile);
+        int32_t vals[QK];
+        int64_t decoded = -1;
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t n = row_ids != nullptr ? row_ids[r] : r;
+          const int64_t t = n / kTile, l = n % kTile;
+          if (t != decoded) decode_tile_scales(fmt, sp + t * st_tile, K, sc.data(), mn.data());
+          decoded = t;
+          const uint8_t* q = w + t * tile_bytes;
+          for (int64_t b = 0; b < nb; ++b) {
+            if (kind == 4) block_values<4>(q, nb, b, l, vals);
+            else if (kind == 5) block_values<5>(q, nb, b, l, vals);
+            else block_values<6>(q, nb, b, l, vals);
+            const float m = compact_has_mins(fmt) ? mn[b * kTile + l] : 0.f;
+            T* ob = o + r * K + b * QK;
+            for (int64_t i = 0; i < QK; ++i) {
+              const float v = static_cast<float>(vals[i]) * sc[(b * QK / sub + i / sub) * kTile + l];
+              ob[i] = static_cast<T>(compact_has_mins(fmt) ? v + m : v);
+            }
+          }
+        }
+      });
+    };
+    if (dtype == at::kFloat) run(float());
+    else if (dtype == at::kBFloat16) run(c10::BFloat16());
+    else TORCH_CHECK(false, "dequantize: float32 or bfloat16 only");
+    return out;
+  }
   auto run = [&](auto out_tag, auto scale_tag) {
     using T = decltype(out_tag);
     using S = decltype(scale_tag);

@@ -1,0 +1,85 @@
+// GGUF's Q4_0, Q4_K, Q5_K and Q6_K weights at the file's size (vlite/layers/gguf_blocks.py): the kernels
+// read the 4-bit part of each weight from q4's tiles, the 1 or 2 high bits from a plane after them, and
+// decode each tile's scales from the file's super-block fields into float32 once per tile and call:
+//
+//   Q4_0 (code 2)   scales: float16 d [tiles, K/32, 16]; scale d, min -8d
+//   Q4_K (12), Q5_K (13)  uint8 [tiles, K/256, 256]: per super-block float16 d[16], dmin[16], then
+//                   uint32 lo_sc[16] (nibble j: sub-scale j's low 4 bits), lo_mn[16] (the same for the
+//                   sub-mins) and hi[16] (bits 2j..2j+1: sub-scale j's top 2 bits, 16 + 2j..: sub-min j's);
+//                   scale d * sc_j, min -(dmin * m_j) per 32
+//   Q6_K (14)       uint8 [tiles, K/256, 288]: float16 d[16], int8 sc[16 sub-blocks][16]; scale d * sc_i per 16
+//
+// Lane l is row l of the tile throughout. Every product is exact in float32 (16-bit float times a
+// 6- or 8-bit integer), as the converted layouts' precomputed scales were: the same sums, bit for bit.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "vec.h"
+
+namespace vlite {
+
+enum CompactCode : int64_t { kQ4_0 = 2, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+
+inline bool is_compact(int64_t code) { return code == kQ4_0 || code == kQ4_K || code == kQ5_K || code == kQ6_K; }
+
+// the weight kind the tile kernels read (4: nibbles, 5/6: nibbles + high plane)
+inline int compact_weight_kind(int64_t code) { return code == kQ5_K ? 5 : code == kQ6_K ? 6 : 4; }
+inline int64_t compact_sub(int64_t code) { return code == kQ6_K ? 16 : 32; }
+inline bool compact_has_mins(int64_t code) { return code != kQ6_K; }
+// bytes of one super-block's scales of one tile (K-quants)
+inline int64_t compact_superblock_bytes(int64_t code) { return code == kQ6_K ? 288 : 256; }
+
+inline void halves_to_float(const c10::Half* p, float* out, int64_t n) {
+#if defined(VLITE_X86)
+  for (int64_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i))));
+#else
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(p[i]);
+#endif
+}
+
+// One tile's scales (sc [K/sub][16]) and mins (mn [K/32][16], where the type has them) in float32.
+// `st`: the tile's scale bytes; lanes: the tile's rows. Plain loops over 16 lanes: the compiler vectorizes them.
+inline void decode_tile_scales(int64_t code, const uint8_t* st, int64_t K, float* sc, float* mn) {
+  constexpr int64_t L = 16;
+  if (code == kQ4_0) {
+    const int64_t nb = K / 32;
+    halves_to_float(reinterpret_cast<const c10::Half*>(st), sc, nb * L);
+    for (int64_t i = 0; i < nb * L; ++i) mn[i] = sc[i] * -8.f;
+    return;
+  }
+  const int64_t nsb = K / 256, bytes = compact_superblock_bytes(code);
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* p = st + s * bytes;
+    alignas(64) float d[L];
+    halves_to_float(reinterpret_cast<const c10::Half*>(p), d, L);
+    if (code == kQ6_K) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(p + 2 * L);
+      for (int64_t i = 0; i < 16; ++i)
+        for (int64_t l = 0; l < L; ++l) sc[(s * 16 + i) * L + l] = d[l] * static_cast<float>(q[i * L + l]);
+      continue;
+    }
+    alignas(64) float dmin[L];
+    alignas(64) uint32_t lo_sc[L], lo_mn[L], hi[L];
+    halves_to_float(reinterpret_cast<const c10::Half*>(p + 2 * L), dmin, L);
+    std::memcpy(lo_sc, p + 4 * L, sizeof(lo_sc));
+    std::memcpy(lo_mn, p + 8 * L, sizeof(lo_mn));
+    std::memcpy(hi, p + 12 * L, sizeof(hi));
+    for (int j = 0; j < 8; ++j) {
+      float* so = sc + (s * 8 + j) * L;
+      float* mo = mn + (s * 8 + j) * L;
+      for (int64_t l = 0; l < L; ++l) {
+        const uint32_t v = ((lo_sc[l] >> (4 * j)) & 15u) | (((hi[l] >> (2 * j)) & 3u) << 4);
+        const uint32_t m = ((lo_mn[l] >> (4 * j)) & 15u) | (((hi[l] >> (16 + 2 * j)) & 3u) << 4);
+        so[l] = d[l] * static_cast<float>(static_cast<int32_t>(v));
+        mo[l] = -(dmin[l] * static_cast<float>(static_cast<int32_t>(m)));
+      }
+    }
+  }
+}
+
+}  // namespace vlite
