@@ -106,3 +106,19 @@ def test_kernels_reject_bad_compact_layouts(ops):
     with pytest.raises(RuntimeError, match="multiple of 256"):
         ops.quant_linear(torch.randn(1, 128), t.qt, t.scales, None, t.fmt, t.sub, t.n)
     assert set(COMPACT.values()) == {2, 12, 13, 14}
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_kernels_tile_as_the_reference(ops, name):
+    """The C++ tiler used at load makes the very bytes of gguf_blocks.tile (numpy), padding rows included."""
+    from vlite.layers import gguf_blocks
+
+    n, k = 37, 512
+    raw = random_gguf(name, n, k, seed=11)
+    fmt = name.lower()
+    qt_ref, st_ref = gguf_blocks.tile(raw, fmt, n, k)
+    qt_shape, st_shape, st_dtype = gguf_blocks.tile_shapes(fmt, n, k)
+    qt, st = torch.full(qt_shape, 7, dtype=torch.uint8), torch.full(st_shape, 7, dtype=st_dtype)
+    ops.tile_gguf(torch.from_numpy(raw), COMPACT[fmt], k, qt, st)
+    assert torch.equal(qt, torch.from_numpy(qt_ref))
+    assert torch.equal(st.view(torch.uint8), torch.from_numpy(st_ref).view(torch.uint8))

@@ -170,9 +170,23 @@ def _lanes(a: np.ndarray, tiles: int) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(t, 1, -1))
 
 
+def tile_shapes(fmt: str, n: int, k: int) -> tuple[tuple[int, int], tuple[int, int, int], "torch.dtype"]:
+    """The shapes of `tile`'s two arrays (qt, scales) and the scales' torch dtype."""
+    import torch
+
+    tiles = -(-n // TILE)
+    qt = (tiles, k // QK * (256 + 64 * HIGH_BITS[fmt]))
+    if fmt == "q4_0":
+        return qt, (tiles, k // QK, TILE), torch.float16
+    return qt, (tiles, k // QK_K, (_Q6_SCALES if fmt == "q6_k" else _K_SCALES).itemsize), torch.uint8
+
+
 def tile(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """A compact tensor's file bytes [n, row bytes] -> (qt uint8 [tiles, nibble tiles + high plane],
-    st: Q4_0 float16 d [tiles, k/32, 16]; K-quants uint8 [tiles, k/256, 256 or 288] super-block scales)."""
+    st: Q4_0 float16 d [tiles, k/32, 16]; K-quants uint8 [tiles, k/256, 256 or 288] super-block scales).
+
+    The reference for the kernels' own `tile_gguf` (vlite/csrc/cpu/gguf_tiles.cpp, used at load), and
+    the layout where the kernels are not built."""
     tiles = -(-n // TILE)
     blk = blocks(raw, fmt, n)
     if fmt == "q4_0":

@@ -74,8 +74,10 @@ class PackedTensors:
 
     def rows(self, index: torch.Tensor) -> PackedTensors:
         """The same weight with its rows reordered (GGUF's Q/K rotary permutation, fused QKV)."""
-        return PackedTensors(self.fmt, self.qs[index], None if self.scales is None else self.scales[index],
-                             None if self.mins is None else self.mins[index], self.sub)
+        out = PackedTensors(self.fmt, self.qs[index], None if self.scales is None else self.scales[index],
+                            None if self.mins is None else self.mins[index], self.sub)
+        weight_arena.release_file_pages(self.qs)  # copied out of the file's map
+        return out
 
     def cols(self, start: int, end: int) -> PackedTensors:
         """Inputs [start, end) of every row (a row-parallel shard): whole blocks only (32 inputs; 256 for
@@ -101,9 +103,12 @@ class PackedTensors:
         first = parts[0]
         if any(p.layout != first.layout for p in parts):
             raise ValueError("cannot fuse packed weights of different layouts")
-        return PackedTensors(first.fmt, torch.cat([p.qs for p in parts]),
-                             None if first.scales is None else torch.cat([p.scales for p in parts]),
-                             None if first.mins is None else torch.cat([p.mins for p in parts]), first.sub)
+        out = PackedTensors(first.fmt, torch.cat([p.qs for p in parts]),
+                            None if first.scales is None else torch.cat([p.scales for p in parts]),
+                            None if first.mins is None else torch.cat([p.mins for p in parts]), first.sub)
+        for p in parts:  # copied out of the file's map
+            weight_arena.release_file_pages(p.qs)
+        return out
 
     def converted(self) -> PackedTensors:
         """A GGUF type's weights in the q4/q8 layout with float32 scales (the same values, 1.3-1.5x the bytes)."""
@@ -147,10 +152,18 @@ class PackedTensors:
         [tiles, K/32, 16]; rows past N are zero padding.
         """
         n, k = self.shape
-        if self.compact:  # the file's bytes re-tiled (vlite/layers/gguf_blocks.py)
-            qt, st = gguf_blocks.tile(self.qs.numpy(), self.fmt, n, k)
-            return TiledTensors(self.kernel_fmt, weight_arena.place(torch.from_numpy(qt)),
-                                weight_arena.place(torch.from_numpy(st)), None, self.sub, n, k)
+        if self.compact:  # the file's bytes re-tiled (vlite/layers/gguf_blocks.py), by the kernels where built
+            from vlite import _custom_ops
+
+            kernels = _custom_ops.load()
+            if kernels is None:
+                qt, st = gguf_blocks.tile(self.qs.numpy(), self.fmt, n, k)
+                return TiledTensors(self.kernel_fmt, torch.from_numpy(qt), torch.from_numpy(st), None, self.sub, n, k)
+            qt_shape, st_shape, st_dtype = gguf_blocks.tile_shapes(self.fmt, n, k)
+            qt, st = weight_arena.empty(qt_shape, torch.uint8), weight_arena.empty(st_shape, st_dtype)
+            kernels.tile_gguf(self.qs.contiguous(), self.kernel_fmt, k, qt, st)
+            weight_arena.release_file_pages(self.qs)  # read from the file's map: its pages can go
+            return TiledTensors(self.kernel_fmt, qt, st, None, self.sub, n, k)
         tiles = -(-n // TILE)
         pad = tiles * TILE - n
         nb = k // QK

@@ -17,9 +17,12 @@ import ctypes
 import mmap
 import os
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ENV_VAR = "VLITE_HUGE_PAGES"
 HUGE_PAGE = 2 << 20
@@ -48,10 +51,10 @@ class _Arena:
         self._chunk = torch.frombuffer(mapping, dtype=torch.uint8)[start:start + size]
         self._offset = 0
 
-    def place(self, t: torch.Tensor) -> torch.Tensor:
-        nbytes = t.numel() * t.element_size()
-        if t.device.type != "cpu" or nbytes < MIN_BYTES or not enabled():
-            return t
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        if nbytes < MIN_BYTES or not enabled():
+            return torch.empty(shape, dtype=dtype)
         padded = -(-nbytes // ALIGN) * ALIGN
         with self._lock:
             if self._chunk is None or self._offset + padded > self._chunk.numel():
@@ -59,7 +62,12 @@ class _Arena:
             assert self._chunk is not None
             out = self._chunk[self._offset:self._offset + nbytes]
             self._offset += padded
-        out = out.view(t.dtype).view(t.shape)
+        return out.view(dtype).view(shape)
+
+    def place(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "cpu" or t.numel() * t.element_size() < MIN_BYTES or not enabled():
+            return t
+        out = self.empty(tuple(t.shape), t.dtype)
         out.copy_(t)
         return out
 
@@ -70,3 +78,49 @@ _arena = _Arena()
 def place(t: torch.Tensor) -> torch.Tensor:
     """A copy of contiguous CPU tensor `t` in huge-page memory (or `t` itself where there is none)."""
     return _arena.place(t.contiguous())
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized contiguous CPU tensor in huge-page memory (a plain one where there is none)."""
+    return _arena.empty(shape, dtype)
+
+
+# Read-only memory maps of model files (the GGUF a loader reads): ranges whose pages may be given back
+# once their tensors are tiled (release_file_pages). Only these: MADV_DONTNEED on anonymous memory
+# would zero it. An entry goes when its mapping does.
+_FILE_MAPS: dict[int, tuple[int, int, str]] = {}
+_MADV_DONTNEED = 4
+PAGE = mmap.PAGESIZE
+
+
+def register_file_map(array: "np.ndarray", path: str) -> None:
+    """Mark a read-only numpy memmap of a whole file: views of it may have their pages released."""
+    import weakref
+
+    start = array.ctypes.data
+    key = id(array)
+    _FILE_MAPS[key] = (start, start + array.nbytes, os.path.realpath(path))
+    weakref.finalize(array, _FILE_MAPS.pop, key, None)
+
+
+def file_offset(t: torch.Tensor) -> Optional[tuple[str, int]]:
+    """(file, byte offset) of `t`'s data where it is a view of a registered file map, else None."""
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    for lo, hi, path in _FILE_MAPS.values():
+        if lo <= start and end <= hi:
+            return path, start - lo
+    return None
+
+
+def release_file_pages(t: torch.Tensor) -> None:
+    """Take the whole pages of `t`'s bytes out of this process's memory if they are a registered file
+    map's (they were read: the weights are tiled elsewhere); a later read maps them in again from the
+    page cache. Anything else: nothing."""
+    if file_offset(t) is None:
+        return
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE
+    if last > first:
+        ctypes.CDLL(None).madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED)

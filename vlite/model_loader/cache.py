@@ -3,7 +3,9 @@
 A GGUF load parses ~100k metadata entries and converts every tensor (several seconds, twice:
 once for the weights, once for the tokenizer). The result is stored once as safetensors (dense
 tensors in the target dtype, packed ones as their qs/scales/mins parts) plus a saved fast
-tokenizer, keyed by the file's path, size, mtime and the dtype.
+tokenizer, keyed by the file's path, size, mtime and the dtype. Weights kept in the file's own
+blocks (Q4_0, K-quants) are not copied: the entry records where they are in the GGUF file, which is
+mapped (read-only) at the next start, so the cache holds no second copy of them.
 Any failure to read or write the cache falls back to the normal load.
 """
 
@@ -26,9 +28,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 6  # 2: arch_config.json has source_quantization; 3: packed tensors; 4: model families, features;
+_FORMAT_VERSION = 7  # 2: arch_config.json has source_quantization; 3: packed tensors; 4: model families, features;
 # 5: GGUF end-of-turn EOS ids (Gemma 3), family chat templates where the file has none; 6: Q4_0/K-quants in
-# the file's own blocks (packed tensors without scales)
+# the file's own blocks (packed tensors without scales); 7: those by their offset in the GGUF file, not copied
 
 
 def cache_root() -> Optional[Path]:
@@ -67,13 +69,19 @@ def _store(entry: Path, write: Callable[[Path], None]) -> None:
 _PARTS = ("qs", "scales", "mins")
 
 
-def _flatten(weights: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Packed tensors become NAME::qs / ::scales / ::mins entries, their layout the metadata."""
+def _flatten(weights: dict[str, Any], source: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Packed tensors become NAME::qs / ::scales / ::mins entries, their layout the metadata; those still
+    the GGUF file's own bytes (views of its map) are recorded by their offset in it, not copied."""
+    from vlite.layers import weight_arena
     from vlite.layers.packed import PackedTensors
 
     tensors, layouts = {}, {}
     for name, w in weights.items():
         if isinstance(w, PackedTensors):
+            where = weight_arena.file_offset(w.qs) if w.compact and w.qs.is_contiguous() else None
+            if where is not None and where[0] == os.path.realpath(source):
+                layouts[name] = json.dumps({"fmt": w.fmt, "sub": w.sub, "offset": where[1], "shape": list(w.qs.shape)})
+                continue
             for part in _PARTS:
                 if getattr(w, part) is not None:
                     tensors[f"{name}::{part}"] = getattr(w, part).contiguous()
@@ -83,14 +91,46 @@ def _flatten(weights: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str
     return tensors, layouts
 
 
-def _unflatten(tensors: dict[str, torch.Tensor], layouts: dict[str, str]) -> dict[str, Any]:
+class _SourceMap:
+    """The GGUF file mapped once (read-only) for the cache entries that point into it."""
+
+    def __init__(self, source: Path) -> None:
+        self.source = source
+        self._map: Any = None
+
+    def view(self, spec: dict[str, Any]) -> torch.Tensor:
+        import warnings
+
+        import numpy as np
+        import torch
+
+        from vlite.layers import weight_arena
+
+        if self._map is None:
+            self._map = np.memmap(self.source, mode="r")
+            weight_arena.register_file_map(self._map, str(self.source))
+        rows, cols = spec["shape"]
+        start = spec["offset"]
+        if start < 0 or start + rows * cols > self._map.size:
+            raise ValueError(f"cache entry points past the end of {self.source}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only: nothing writes into weights
+            return torch.from_numpy(self._map[start:start + rows * cols].reshape(rows, cols))
+
+
+def _packed(spec: dict[str, Any], get: Callable[[str], Any], source: _SourceMap) -> Any:
     from vlite.layers.packed import PackedTensors
 
+    if "offset" in spec:
+        return PackedTensors(spec["fmt"], source.view(spec), None, None, spec["sub"])
+    return PackedTensors(spec["fmt"], get("qs"), get("scales"), get("mins"), spec["sub"])
+
+
+def _unflatten(tensors: dict[str, torch.Tensor], layouts: dict[str, str], source: Path) -> dict[str, Any]:
     weights: dict[str, Any] = {k: v for k, v in tensors.items() if "::" not in k}
+    mapped = _SourceMap(source)
     for name, layout in layouts.items():
-        spec = json.loads(layout)
-        weights[name] = PackedTensors(spec["fmt"], tensors[f"{name}::qs"], tensors.get(f"{name}::scales"),
-                                      tensors.get(f"{name}::mins"), spec["sub"])
+        weights[name] = _packed(json.loads(layout), lambda p, n=name: tensors.get(f"{n}::{p}"), mapped)
     return weights
 
 
@@ -128,14 +168,14 @@ def cached_gguf_weights(source: Path, dtype: torch.dtype,
             path = str(entry / "model.safetensors")
             with safe_open(path, framework="pt") as f:
                 layouts = f.metadata() or {}
-            return arch, _unflatten(load_file(path), layouts)
+            return arch, _unflatten(load_file(path), layouts, source)
         except (OSError, ValueError, TypeError, KeyError) as e:
             logger.debug("ignoring unreadable model cache %s: %s", entry, e)
     arch, weights = load()
     if entry is not None:
         def write(d: Path) -> None:
             (d / "arch_config.json").write_text(json.dumps(dataclasses.asdict(arch)))
-            tensors, layouts = _flatten(weights)
+            tensors, layouts = _flatten(weights, source)
             save_file(tensors, str(d / "model.safetensors"), metadata=layouts)
 
         _store(entry, write)
@@ -160,19 +200,20 @@ def cached_gguf_stream(source: Path, dtype: torch.dtype) -> Optional[tuple[Model
         return None
 
     def tensors() -> Iterator[tuple[str, Any]]:
-        from vlite.layers.packed import PackedTensors
-
+        mapped = _SourceMap(source)
         with safe_open(path, framework="pt") as f:
+            keys = set(f.keys())
             for name in f.keys():
                 base, _, part = name.partition("::")
                 if not part:
                     yield name, f.get_tensor(name)
                 elif part == "qs":
-                    spec = json.loads(layouts[base])
-                    def part(p: str) -> Any:
-                        return f.get_tensor(f"{base}::{p}") if f"{base}::{p}" in f.keys() else None
-
-                    yield base, PackedTensors(spec["fmt"], f.get_tensor(name), part("scales"), part("mins"), spec["sub"])
+                    yield base, _packed(json.loads(layouts[base]), lambda p, b=base: f.get_tensor(f"{b}::{p}")
+                                        if f"{b}::{p}" in keys else None, mapped)
+            for name, layout in layouts.items():  # the GGUF file's own blocks, by offset
+                spec = json.loads(layout)
+                if "offset" in spec:
+                    yield name, _packed(spec, lambda p: None, mapped)
 
     return arch, tensors()
 

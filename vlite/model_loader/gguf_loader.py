@@ -15,6 +15,7 @@ from typing import Any, Iterator, Union
 import numpy as np
 import torch
 
+from vlite.layers import weight_arena
 from vlite.layers.packed import PackedTensors
 from vlite.model_loader.arch_config import ModelArchConfig, expected_weight_names
 from vlite.model_loader.gguf_quants import DENSE_TYPES, SUPPORTED_TYPES, to_packed
@@ -107,6 +108,7 @@ def iter_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, Iterator
     import gguf
 
     reader = gguf.GGUFReader(str(path))
+    weight_arena.register_file_map(reader.data, str(path))  # tiled tensors give their pages back
     config = gguf_arch(path, reader)
     return config, _gguf_tensors(path, reader, config, dtype)
 

@@ -18,12 +18,14 @@ rounding is the final "+ min", which gguf performs on the very same two float32 
 exception: Q4_0 with a negative d and q == 8 gives -0.0 in gguf (d * 0) but +0.0 here (8d + -8d).
 The values are equal (-0.0 == +0.0); only the sign bit of zero differs.
 
-Everything is vectorized over blocks with numpy; the returned tensors own fresh, writable memory
-(never views of the file's read-only memory map).
+Everything is vectorized over blocks with numpy. The GGUF types kept as they are (Q4_0, K-quants) are
+views of `data` (the loader's memory map of the file: no copy; the kernels tile them at load); the
+converted ones own fresh, writable memory.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
@@ -37,6 +39,13 @@ if TYPE_CHECKING:
 
 SUPPORTED_TYPES: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 DENSE_TYPES: tuple[str, ...] = ("F32", "F16", "BF16")
+
+
+def _view(a: np.ndarray) -> torch.Tensor:
+    """A torch tensor over `a`'s memory, read-only arrays included (nothing writes into weights)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
+        return torch.from_numpy(a)
 
 
 def _t(a: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
@@ -63,8 +72,9 @@ def to_packed(data: np.ndarray, qtype: "gguf.GGMLQuantizationType", shape: tuple
     nb = n * k // block
     if raw.size != nb * bdt.itemsize:
         raise ValueError(f"{name} tensor of shape {(n, k)} needs {nb * bdt.itemsize} bytes, got {raw.size}")
-    if name.lower() in COMPACT:
-        return PackedTensors(name.lower(), _t(raw, (n, raw.size // n)), None, None, 16 if name == "Q6_K" else QK)
+    if name.lower() in COMPACT:  # the file's bytes as they are: a view of `data` (the loader's memory map)
+        return PackedTensors(name.lower(), _view(raw.reshape(n, raw.size // n)), None, None,
+                             16 if name == "Q6_K" else QK)
     blk = raw.view(bdt)  # [nb] structured
     with np.errstate(invalid="ignore", over="ignore"):  # no warnings for inf/nan scale fields (garbage in: no exactness promise)
         return _convert(name, blk, n, k)

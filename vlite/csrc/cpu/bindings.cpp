@@ -9,6 +9,7 @@
 #include "decode_attention.cpp"
 #include "layer_ops.cpp"
 #include "decode_layer.cpp"
+#include "gguf_tiles.cpp"
 
 std::string isa() {
 #if defined(__AVX512VNNI__) && defined(VLITE_AVX512)
@@ -23,6 +24,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &vlite::paged_decode_attention, pybind11::arg("query"), pybind11::arg("key_cache"),
         pybind11::arg("value_cache"), pybind11::arg("block_table"), pybind11::arg("seq_lens"), pybind11::arg("scale"),
         pybind11::arg("window") = 0);
+  m.def("tile_gguf", &vlite::tile_gguf, pybind11::arg("raw"), pybind11::arg("code"), pybind11::arg("k"),
+        pybind11::arg("qt"), pybind11::arg("scales"), "GGUF Q4_0/Q4_K/Q5_K/Q6_K rows -> the kernels' tiles");
   m.def("quantize_activations", &vlite::quantize_activations, pybind11::arg("x"), pybind11::arg("precise") = false);
   m.def("tile_rows", &vlite::tile_rows, "output rows per tile of the packed weight layout");
   m.def("precise_max_rows", &vlite::precise_max_rows,
