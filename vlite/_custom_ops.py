@@ -31,7 +31,7 @@ ENV_ISA = "VLITE_CPU_ISA"
 ISAS = ("avx512", "avx2", "portable")  # best first
 _CSRC = Path(__file__).parent / "csrc" / "cpu"
 _SOURCES = ("bindings.cpp", "quant_linear.cpp", "decode_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "vec.h",
-            "compact_blocks.h", "gguf_tiles.cpp",
+            "compact_blocks.h", "gguf_tiles.cpp", "memory_bandwidth.cpp",
             "ops.h")
 _UNITS = ("bindings.cpp", "quant_linear.cpp")  # translation units, compiled in parallel (ninja)
 

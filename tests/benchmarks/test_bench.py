@@ -336,3 +336,32 @@ def test_copy_requests_ask_to_copy_their_own_text(hf_tokenizer):
     texts = [hf_tokenizer.decode(r.prompt_token_ids) for r in reqs]
     assert "Repeat the following text exactly" in texts[0] and "Correct the spelling" in texts[1]
     assert "Rename the function" in texts[2] and "def " in texts[2] and all("<|im_start|>assistant" in t for t in texts)
+
+
+def test_decode_bandwidth_report_counts_the_linears_once():
+    """Bytes per decode token: each packed linear's tiles and each dense 2-D weight once, not the embedding;
+    the read bandwidth is measured by the kernels (positive GB/s)."""
+    import torch
+    from torch import nn
+
+    from vlite.benchmarks import bandwidth
+    from vlite.layers.quantization import QuantizedLinear, quantize_int4
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed_tokens = nn.Parameter(torch.zeros(100, 64), requires_grad=False)
+            self.proj = QuantizedLinear(quantize_int4(torch.randn(32, 64)), torch.float32)
+            self.dense = nn.Parameter(torch.zeros(16, 64), requires_grad=False)
+            self.norm = nn.Parameter(torch.ones(64), requires_grad=False)
+
+    model = Tiny()
+    t = model.proj.tiled
+    packed = sum(x.numel() * x.element_size() for x in (t.qt, t.scales, t.mins) if x is not None) if t is not None \
+        else model.proj.dense.numel() * model.proj.dense.element_size()
+    assert bandwidth.decode_weight_bytes(model) == packed + 16 * 64 * 4
+    gbs = bandwidth.measure_read_bandwidth(gib=0.01, iters=2)
+    assert gbs is None or gbs > 0.1
+    report = {"decode_weight_bytes_per_token": 8e8, "decode_gb_per_s": 30.0, "read_bandwidth_gb_per_s": 40.0,
+              "decode_share_of_read_bandwidth": 0.75}
+    assert "800.0 MB, 30.0 GB/s = 75% of the measured read bandwidth (40.0 GB/s" in bandwidth.format_bandwidth(report)

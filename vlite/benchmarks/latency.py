@@ -19,6 +19,7 @@ import argparse
 import time
 from typing import Any
 
+from vlite.benchmarks.bandwidth import decode_bandwidth_report, format_bandwidth
 from vlite.benchmarks.datasets import allowed_token_ids, copy_requests, random_requests, tokenizer_special_ids
 from vlite.benchmarks.utils import (
     add_output_args,
@@ -163,6 +164,9 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
         results["spec_decoding"] = spec
     if ns.batch_size == 1 and stats["itl_ms"]["count"]:
         results["single_stream_decode_tokens_per_s"] = 1e3 / stats["itl_ms"]["mean"]
+        model = getattr(getattr(engine.engine_core, "model_runner", None), "model", None)
+        if model is not None and spec is None:  # in-process model, one token a step: decode as a memory pass
+            results["bandwidth"] = decode_bandwidth_report(model, results["single_stream_decode_tokens_per_s"])
 
     print(f"vlite latency: {results['model']} ({results['dtype']}), batch {ns.batch_size}, input {ns.input_len}, "
           f"output {ns.output_len}, {ns.num_iters} iterations ({ns.num_iters_warmup} warmup)")
@@ -171,6 +175,8 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
     print(f"output throughput of the batch: {results['output_tokens_per_s']:.2f} tok/s")
     if "single_stream_decode_tokens_per_s" in results:
         print(f"single-stream decode: {results['single_stream_decode_tokens_per_s']:.2f} tok/s (1 / mean ITL)")
+    if "bandwidth" in results:
+        print(format_bandwidth(results["bandwidth"]))
     for label, value in spec_decoding_rows(spec):
         print(f"{label}: {value:.3f}" if isinstance(value, float) else f"{label}: {value}")
     finish_profiler(results, wall)

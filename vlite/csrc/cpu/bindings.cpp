@@ -10,6 +10,7 @@
 #include "layer_ops.cpp"
 #include "decode_layer.cpp"
 #include "gguf_tiles.cpp"
+#include "memory_bandwidth.cpp"
 
 std::string isa() {
 #if defined(__AVX512VNNI__) && defined(VLITE_AVX512)
@@ -26,6 +27,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("window") = 0);
   m.def("tile_gguf", &vlite::tile_gguf, pybind11::arg("raw"), pybind11::arg("code"), pybind11::arg("k"),
         pybind11::arg("qt"), pybind11::arg("scales"), "GGUF Q4_0/Q4_K/Q5_K/Q6_K rows -> the kernels' tiles");
+  m.def("read_bandwidth", &vlite::read_bandwidth, pybind11::arg("buf"), pybind11::arg("iters") = 5,
+        "GB/s of the best of `iters` multi-threaded streaming reads of a uint8 buffer");
   m.def("quantize_activations", &vlite::quantize_activations, pybind11::arg("x"), pybind11::arg("precise") = false);
   m.def("tile_rows", &vlite::tile_rows, "output rows per tile of the packed weight layout");
   m.def("precise_max_rows", &vlite::precise_max_rows,
