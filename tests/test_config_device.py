@@ -83,3 +83,23 @@ def test_cpu_quantization_on_cuda_is_refused_before_any_work(monkeypatch):
         EngineArgs(device="cuda", speculative_config={"num_speculative_tokens": 2}).create_engine_config()
     with pytest.raises(ValueError, match="tensor_parallel_size / data_parallel_size > 1 run CPU worker processes"):
         EngineArgs(device="cuda", tensor_parallel_size=2).create_engine_config()
+
+
+def test_num_threads_from_flag_or_environment(monkeypatch):
+    """--threads / VLITE_NUM_THREADS: a positive count, checked before any work; the flag wins."""
+    from vlite.config import NUM_THREADS_ENV, DeviceConfig
+    from vlite.entrypoints import cli
+
+    monkeypatch.delenv(NUM_THREADS_ENV, raising=False)
+    assert DeviceConfig().num_threads is None
+    monkeypatch.setenv(NUM_THREADS_ENV, "3")
+    assert DeviceConfig().num_threads == 3
+    assert DeviceConfig(num_threads=1).num_threads == 1
+    monkeypatch.setenv(NUM_THREADS_ENV, "many")
+    with pytest.raises(ValueError, match="VLITE_NUM_THREADS must be a positive integer"):
+        DeviceConfig()
+    monkeypatch.delenv(NUM_THREADS_ENV)
+    with pytest.raises(ValueError, match="num_threads must be a positive integer"):
+        DeviceConfig(num_threads=0)
+    ns = cli.build_parser().parse_args(["generate", "hi", "--threads", "2"])
+    assert cli.engine_args_from_cli(ns).num_threads == 2

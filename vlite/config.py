@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -231,6 +232,9 @@ class SpeculativeConfig:
 DEVICES = ("auto", "cpu", "cuda")
 
 
+NUM_THREADS_ENV = "VLITE_NUM_THREADS"
+
+
 @dataclass(frozen=True)
 class DeviceConfig:
     device: str = "auto"  # "auto": CUDA when torch sees a GPU, else the CPU
@@ -238,10 +242,21 @@ class DeviceConfig:
     # CUDA: the share of the GPU's memory the engine may hold (weights, activations, KV cache); the KV
     # cache gets what is left of it. Ignored on the CPU and where kv_cache_memory_bytes is given.
     gpu_memory_utilization: float = 0.9
+    # CPU threads of the process that runs the model (each rank's, under tensor parallelism): None reads
+    # VLITE_NUM_THREADS, else torch's default (the machine's cores; a rank: its share of them)
+    num_threads: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.num_threads is None and os.environ.get(NUM_THREADS_ENV, "").strip():
+            value = os.environ[NUM_THREADS_ENV].strip()
+            if not value.isdigit():
+                raise ValueError(f"{NUM_THREADS_ENV} must be a positive integer, got {value!r}")
+            object.__setattr__(self, "num_threads", int(value))
+        n = self.num_threads
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"num_threads must be a positive integer, got {n!r}")
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")

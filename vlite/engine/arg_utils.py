@@ -44,6 +44,7 @@ class EngineArgs:
     device: str = "auto"
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.9
+    num_threads: Optional[int] = None  # CPU threads running the model (None: VLITE_NUM_THREADS, else all cores)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -69,7 +70,8 @@ class EngineArgs:
                                          distributed_executor_backend=self.distributed_executor_backend,
                                          data_parallel_size=self.data_parallel_size)
         device_config = DeviceConfig(device=self.device, enforce_eager=self.enforce_eager,
-                                     gpu_memory_utilization=self.gpu_memory_utilization)
+                                     gpu_memory_utilization=self.gpu_memory_utilization,
+                                     num_threads=self.num_threads)
         device = device_config.resolve()
         if device == "cuda" and self.quantization not in (None, "none"):
             raise ValueError(f"quantization={self.quantization!r} runs vlite's CPU kernels only; with device='cuda' "

@@ -156,6 +156,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, metavar="F",
                        help="CUDA: share of the GPU's memory for the engine (weights, activations, KV cache); "
                             "the KV cache gets the rest unless --kv-cache-memory is given (default: %(default)s)")
+    group.add_argument("--threads", dest="num_threads", type=_positive_int, default=d.num_threads, metavar="N",
+                       help="CPU threads running the model (each rank's under tensor parallelism; default: "
+                            "VLITE_NUM_THREADS, else every core)")
     return parser
 
 

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 def build_model_runner(loaded: LoadedEngineConfig) -> ModelRunner:
     """The runner of `loaded`'s model (whatever part of it `loaded.arch` and `loaded.weights` hold)."""
     cfg = loaded.config
+    if cfg.device_config.num_threads is not None:  # --threads / VLITE_NUM_THREADS: this process's pool
+        import torch
+
+        torch.set_num_threads(cfg.device_config.num_threads)
     return ModelRunner(loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks,
                        cfg.cache_config.block_size, cfg.scheduler_config.max_num_seqs,
                        cfg.scheduler_config.max_model_len, loaded.eos_token_ids, loaded.quantization,

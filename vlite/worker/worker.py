@@ -108,8 +108,9 @@ class Worker:
         from vlite.distributed.parallel_state import init_tp_group
         from vlite.executor.uniproc_executor import build_model_runner
 
-        if "OMP_NUM_THREADS" not in os.environ:  # the ranks share the machine's cores
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        if loaded.config.device_config.num_threads is None and "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # the ranks share the cores
+        # (--threads: build_model_runner sets each rank's own)
         self.rank = rank
         if world_size > 1:
             init_tp_group(rank, world_size, init_method)
