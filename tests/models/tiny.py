@@ -93,13 +93,14 @@ _GGUF_NORM_PLUS_ONE = {"gemma2", "gemma3"}
 _GGUF_SLIDING_WINDOW = {"gemma2", "gemma3", "phi3"}
 
 
-def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = True) -> Path:
+def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = True, quant: str | None = None) -> Path:
     """The model as llama.cpp's converter lays it out: tensor names from the gguf package's own map
     for `arch`, its metadata keys, matrices in F16 (or F32), vectors in F32, no lm_head when tied, a
     byte-level BPE tokenizer with the chat template. What llama.cpp fixes per family is not written (Gemma's
     layer pattern, local rope base and query scaling; SmolLM3's NoPE layers); what the converter writes is:
     sliding window, logit soft-capping, rotary dims of partial rotary, the global layers' rope scaling,
-    LongRoPE's factors as tensors with its original context and attention factor; fused tensors stay fused."""
+    LongRoPE's factors as tensors with its original context and attention factor; fused tensors stay fused.
+    `quant` ("Q4_0", "Q8_0": types the gguf package quantizes): the matrices in that type instead."""
     import gguf
 
     cfg = model.config
@@ -177,6 +178,10 @@ def write_gguf(model: Any, tokenizer: Any, path: Path, arch: str, f16: bool = Tr
             data = _llama_cpp_rotary_order(data, heads)
         if arch in _GGUF_NORM_PLUS_ONE and name.endswith("norm.weight"):
             data = data + 1
+        if quant is not None and data.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[quant]
+            w.add_tensor(gguf_name, gguf.quants.quantize(data.astype(np.float32), qtype), raw_dtype=qtype)
+            continue
         w.add_tensor(gguf_name, data.astype(np.float16 if f16 and data.ndim == 2 else np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
