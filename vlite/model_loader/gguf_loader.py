@@ -8,7 +8,9 @@ Dense ones (F32/F16/BF16) are cast to the requested dtype.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import struct
 from pathlib import Path
 from typing import Any, Iterator, Union
 
@@ -82,11 +84,21 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str
     return config, weights
 
 
-def gguf_arch(path: Path, reader: Any = None) -> ModelArchConfig:
-    """The file's config, with the type of its linear weights, read from the header alone (no tensor data)."""
+def open_gguf(path: Path) -> Any:
+    """gguf's reader of the file; a file it cannot parse (truncated: a download cut short; not GGUF) is an
+    error naming the file and its size, before any work."""
     import gguf
 
-    reader = reader or gguf.GGUFReader(str(path))
+    try:
+        return gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, OSError, struct.error) as e:
+        size = os.path.getsize(path)
+        raise ValueError(f"{path}: not a readable GGUF file ({size} bytes; truncated or damaged?): {e}") from e
+
+
+def gguf_arch(path: Path, reader: Any = None) -> ModelArchConfig:
+    """The file's config, with the type of its linear weights, read from the header alone (no tensor data)."""
+    reader = reader or open_gguf(path)
     config = ModelArchConfig.from_gguf_metadata(reader)
     layer_names = {**config.spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
     linear_types = set()
@@ -105,9 +117,7 @@ def gguf_arch(path: Path, reader: Any = None) -> ModelArchConfig:
 def iter_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, Iterator[tuple[str, Weight]]]:
     """The file's config, and its weights one at a time (a tensor-parallel rank keeps only its shard of
     each, so no process holds the whole model)."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
+    reader = open_gguf(path)
     weight_arena.register_file_map(reader.data, str(path))  # tiled tensors give their pages back
     config = gguf_arch(path, reader)
     return config, _gguf_tensors(path, reader, config, dtype)
@@ -187,6 +197,8 @@ def _to_torch(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
         arr = arr.copy()
     return torch.from_numpy(arr).to(dtype)
+
+
 
 
 def _check_complete(path: Path, config: ModelArchConfig, weights: dict[str, Weight]) -> None:

@@ -29,12 +29,11 @@ def _quiet_transformers() -> Iterator[None]:
 def _gguf_chat_template(resolved: ResolvedModel) -> str | None:
     """The ``tokenizer.chat_template`` metadata string of the GGUF file, else its family's own template
     where vlite knows one (`chat_templates.FAMILY_CHAT_TEMPLATES`: files of base checkpoints carry none)."""
-    import gguf
-
     from vlite.model_loader.chat_templates import FAMILY_CHAT_TEMPLATES
+    from vlite.model_loader.gguf_loader import open_gguf
 
     assert resolved.gguf_file is not None
-    fields = gguf.GGUFReader(str(resolved.gguf_file)).fields
+    fields = open_gguf(resolved.gguf_file).fields
     field = fields.get("tokenizer.chat_template")
     if field is not None:
         return field.contents()
