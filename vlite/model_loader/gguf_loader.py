@@ -210,3 +210,24 @@ def _check_complete(path: Path, config: ModelArchConfig, weights: dict[str, Weig
     extra = sorted(weights.keys() - expected)
     if extra:
         raise ValueError(f"{path}: tensors a {config.architecture} model does not use: {extra[:5]}")
+    _check_shapes(path, config, weights)
+
+
+def _check_shapes(path: Path, config: ModelArchConfig, weights: dict[str, Weight]) -> None:
+    """The embedding, the head and every layer's attention and dense-MLP projections have the shapes the
+    metadata gives (a file whose tensors disagree with its header fails here, naming the tensor)."""
+    c = config
+    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    expected = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "lm_head.weight": (c.vocab_size,
+                                                                                                 c.hidden_size)}
+    by_suffix = {".self_attn.q_proj.weight": (q_out, c.hidden_size), ".self_attn.k_proj.weight": (kv_out, c.hidden_size),
+                 ".self_attn.v_proj.weight": (kv_out, c.hidden_size), ".self_attn.o_proj.weight": (c.hidden_size, q_out),
+                 ".mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+                 ".mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+                 ".mlp.down_proj.weight": (c.hidden_size, c.intermediate_size)}
+    for name, w in weights.items():
+        want = expected.get(name) or next((v for k, v in by_suffix.items() if name.endswith(k)), None)
+        got = tuple(w.shape)
+        if want is not None and ".experts." not in name and got != want:
+            raise ValueError(f"{path}: tensor {name} has shape {list(got)}, the metadata's {c.architecture} "
+                             f"config needs {list(want)}")
