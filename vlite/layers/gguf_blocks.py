@@ -96,6 +96,15 @@ def q6_values(ql: np.ndarray, qh: np.ndarray) -> np.ndarray:
     return low | ((h & 0x03).reshape(*lead, QK_K) << 4)
 
 
+def k_values(blk: np.ndarray, fmt: str) -> np.ndarray:
+    """Q4_K/Q5_K structured blocks [..., nsb] -> [..., nsb, 256] uint8 values (Q5_K: bit b of qh[i] is
+    value 32b + i's bit 4)."""
+    q = k_nibbles(blk["qs"])
+    if fmt == "q5_k":
+        q = q | (((blk["qh"][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(*q.shape) << 4)
+    return q
+
+
 def values(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
     """A compact tensor's integers and float32 scales: (q uint8 [n, k], scales [n, k/sub], mins [n, k/32]
     or None, sub), with w = scale * q + min per block (Q6_K: scale * (q - 32), q returned less 32 as int8).
@@ -109,10 +118,7 @@ def values(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.nd
             return q, d, d * np.float32(-8.0), QK
         if fmt in ("q4_k", "q5_k"):
             sc, mn = k_scale_min(blk["scales"])
-            q = k_nibbles(blk["qs"])
-            if fmt == "q5_k":  # bit b of qh[i]: value 32b + i
-                q = q | (((blk["qh"][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(
-                    *q.shape) << 4)
+            q = k_values(blk, fmt)
             d = blk["d"].astype(np.float32)[..., None]
             dmin = blk["dmin"].astype(np.float32)[..., None]
             return (q.reshape(n, k), (d * sc.astype(np.float32)).reshape(n, -1),
@@ -124,7 +130,7 @@ def values(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.nd
     raise ValueError(f"not a compact GGUF format: {fmt!r} (compact: {', '.join(COMPACT)})")
 
 
-def _nibble_bytes(q: np.ndarray) -> np.ndarray:
+def nibble_bytes(q: np.ndarray) -> np.ndarray:
     """[n, k] values (their low 4 bits) -> q4's row order: per 32, byte j = value j | value j+16 << 4."""
     n, k = q.shape
     b = (q & 0x0F).reshape(n, k // QK, 2, 16)
@@ -197,10 +203,7 @@ def tile(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndar
         st["d"] = _lanes(blk["d"], tiles)
         st["sc"] = _lanes(blk["scales"], tiles)
     else:
-        q = k_nibbles(blk["qs"])
-        if fmt == "q5_k":
-            q = q | (((blk["qh"][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(*q.shape) << 4)
-        q = q.reshape(n, k)
+        q = k_values(blk, fmt).reshape(n, k)
         sc, mn = k_scale_min(blk["scales"])  # [n, nsb, 8]
         nib = np.arange(8, dtype=np.uint32) * 4
         st = np.zeros((tiles, k // QK_K), _K_SCALES)
@@ -212,7 +215,7 @@ def tile(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndar
         hi = (((sc >> 4).astype(np.uint32) << two) | ((mn >> 4).astype(np.uint32) << (two + 16))).sum(
             axis=-1, dtype=np.uint32)
         st["hi"] = _lanes(hi, tiles)
-    qt = tile_nibbles(_nibble_bytes(q), n, k)
+    qt = tile_nibbles(nibble_bytes(q), n, k)
     if HIGH_BITS[fmt]:
         qt = np.concatenate([qt, _high_plane(q, HIGH_BITS[fmt], tiles)], axis=1)
     return qt, st.view(np.uint8).reshape(tiles, k // QK_K, -1)

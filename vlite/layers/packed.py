@@ -118,9 +118,7 @@ class PackedTensors:
         q, scales, mins, sub = gguf_blocks.values(self.qs.numpy(), self.fmt, n, k)
         t = torch.from_numpy
         if self.fmt in ("q4_0", "q4_k"):
-            b = q.reshape(n, k // QK, 2, 16)
-            nibbles = np.ascontiguousarray(b[:, :, 0] | (b[:, :, 1] << 4)).reshape(n, k // 2)
-            return PackedTensors("q4", t(nibbles), t(scales), t(mins), sub)
+            return PackedTensors("q4", t(np.ascontiguousarray(gguf_blocks.nibble_bytes(q))), t(scales), t(mins), sub)
         return PackedTensors("q8", t(np.ascontiguousarray(q).view(np.int8)), t(scales),
                              None if mins is None else t(mins), sub)
 

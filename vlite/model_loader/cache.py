@@ -99,12 +99,10 @@ class _SourceMap:
         self._map: Any = None
 
     def view(self, spec: dict[str, Any]) -> torch.Tensor:
-        import warnings
-
         import numpy as np
-        import torch
 
         from vlite.layers import weight_arena
+        from vlite.model_loader.gguf_quants import readonly_view
 
         if self._map is None:
             self._map = np.memmap(self.source, mode="r")
@@ -113,9 +111,7 @@ class _SourceMap:
         start = spec["offset"]
         if start < 0 or start + rows * cols > self._map.size:
             raise ValueError(f"cache entry points past the end of {self.source}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only: nothing writes into weights
-            return torch.from_numpy(self._map[start:start + rows * cols].reshape(rows, cols))
+        return readonly_view(self._map[start:start + rows * cols].reshape(rows, cols))
 
 
 def _packed(spec: dict[str, Any], get: Callable[[str], Any], source: _SourceMap) -> Any:

@@ -41,7 +41,7 @@ SUPPORTED_TYPES: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_
 DENSE_TYPES: tuple[str, ...] = ("F32", "F16", "BF16")
 
 
-def _view(a: np.ndarray) -> torch.Tensor:
+def readonly_view(a: np.ndarray) -> torch.Tensor:
     """A torch tensor over `a`'s memory, read-only arrays included (nothing writes into weights)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
@@ -73,7 +73,7 @@ def to_packed(data: np.ndarray, qtype: "gguf.GGMLQuantizationType", shape: tuple
     if raw.size != nb * bdt.itemsize:
         raise ValueError(f"{name} tensor of shape {(n, k)} needs {nb * bdt.itemsize} bytes, got {raw.size}")
     if name.lower() in COMPACT:  # the file's bytes as they are: a view of `data` (the loader's memory map)
-        return PackedTensors(name.lower(), _view(raw.reshape(n, raw.size // n)), None, None,
+        return PackedTensors(name.lower(), readonly_view(raw.reshape(n, raw.size // n)), None, None,
                              16 if name == "Q6_K" else QK)
     blk = raw.view(bdt)  # [nb] structured
     with np.errstate(invalid="ignore", over="ignore"):  # no warnings for inf/nan scale fields (garbage in: no exactness promise)

@@ -31,7 +31,7 @@ inline int compact_weight_kind(int64_t code) { return code == kQ5_K ? 5 : code =
 inline int64_t compact_sub(int64_t code) { return code == kQ6_K ? 16 : 32; }
 inline bool compact_has_mins(int64_t code) { return code != kQ6_K; }
 // bytes of one super-block's scales of one tile (K-quants)
-inline int64_t compact_superblock_bytes(int64_t code) { return code == kQ6_K ? 288 : 256; }
+constexpr int64_t compact_superblock_bytes(int64_t code) { return code == kQ6_K ? 288 : 256; }
 
 inline void halves_to_float(const c10::Half* p, float* out, int64_t n) {
 #if defined(VLITE_X86)

@@ -307,14 +307,14 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
       s0 = s1 = load16f(reinterpret_cast<const c10::Half*>(ks) + b * kTile);
       mn = _mm512_mul_ps(s0, _mm512_set1_ps(-8.f));
     } else if constexpr (SC == kQ6_K) {
-      const uint8_t* p = ks + (b / 8) * 288;
+      const uint8_t* p = ks + (b / 8) * compact_superblock_bytes(kQ6_K);
       if (b % 8 == 0) kd = load16f(reinterpret_cast<const c10::Half*>(p));
       const __m128i* sc = reinterpret_cast<const __m128i*>(p + 32 + (b % 8) * 2 * kTile);
       s0 = _mm512_mul_ps(kd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(sc))));
       s1 = _mm512_mul_ps(kd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(sc + 1))));
     } else {  // Q4_K, Q5_K: sub-block j = b % 8 from nibble j of ka/kb and bits 2j.. (16 + 2j..) of kc
       if (b % 8 == 0) {
-        const uint8_t* p = ks + (b / 8) * 256;
+        const uint8_t* p = ks + (b / 8) * compact_superblock_bytes(kQ4_K);
         kd = load16f(reinterpret_cast<const c10::Half*>(p));
         kdmin = _mm512_sub_ps(_mm512_setzero_ps(), load16f(reinterpret_cast<const c10::Half*>(p + 32)));
         ka = _mm512_loadu_si512(p + 64);
