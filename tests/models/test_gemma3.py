@@ -15,6 +15,7 @@ import torch
 
 from tests.models import tiny
 from vlite.model_loader import load_model_weights, resolve_model
+from vlite.model_loader.gguf_reader import GGUFReader
 
 WINDOW = 24  # the prompts run to 290 tokens, prefilled in chunks of 32
 
@@ -98,7 +99,7 @@ def test_gguf_layer_pattern_and_query_scale(tmp_path: Path) -> None:
     from vlite.model_loader.arch_config import ModelArchConfig
 
     def config(path: Path) -> ModelArchConfig:
-        return ModelArchConfig.from_gguf_metadata(gguf.GGUFReader(str(path)))
+        return ModelArchConfig.from_gguf_metadata(GGUFReader(str(path)))
 
     default = config(_gguf_header(tmp_path / "a.gguf", 7, 512))
     assert default.layer_windows == (512,) * 5 + (0, 512) and default.query_pre_attn_scalar == 128
@@ -142,7 +143,7 @@ def test_gguf_end_of_turn_and_chat_template(tmp_path: Path) -> None:
         return path
 
     def eos(path: Path) -> tuple[int, ...]:
-        return ModelArchConfig.from_gguf_metadata(gguf.GGUFReader(str(path))).eos_token_ids
+        return ModelArchConfig.from_gguf_metadata(GGUFReader(str(path))).eos_token_ids
 
     def template(path: Path) -> str | None:
         return _gguf_chat_template(ResolvedModel(path.name, path.parent, path))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.sched.output import EngineCoreOutput, SchedulerOutput
@@ -27,7 +27,9 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedEngineConfig, tokenizer: Any = None) -> None:
+    def __init__(self, loaded: LoadedEngineConfig, tokenizer: Optional[Callable[[], Any]] = None) -> None:
+        """`tokenizer`: a function returning the frontend's tokenizer (for structured outputs), else it is
+        loaded here on first use."""
         cfg = loaded.config
         cache = cfg.cache_config
         # An all-sliding-window model (Mistral) frees the KV blocks behind the window as requests run.
@@ -39,7 +41,8 @@ class EngineCore:
         # The in-process runner with the uni executor (introspection, tests); None with workers.
         self.model_runner: Optional[ModelRunner] = getattr(self.executor, "model_runner", None)
         self._loaded_resolved = loaded.resolved
-        self._tokenizer = tokenizer
+        self._tokenizer_source = tokenizer
+        self._tokenizer: Any = None
         self._vocab_size = loaded.arch.vocab_size
         self._eos_token_ids = tuple(loaded.eos_token_ids)
         self._structured_output_manager: Optional[StructuredOutputManager] = None
@@ -60,7 +63,8 @@ class EngineCore:
         if self._tokenizer is None:
             from vlite.model_loader import load_tokenizer
 
-            self._tokenizer = load_tokenizer(self._loaded_resolved)
+            self._tokenizer = (self._tokenizer_source() if self._tokenizer_source is not None
+                               else load_tokenizer(self._loaded_resolved))
         return self._tokenizer
 
     def add_request(self, request: EngineCoreRequest) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Iterable, Optional
 
@@ -40,20 +41,23 @@ class LLMEngine:
         self.vllm_config = loaded.config
         self.model_config = loaded.config.model_config
         self.resolved_model = loaded.resolved
-        self.tokenizer = load_tokenizer(loaded.resolved)
+        # The tokenizer is read while the weights load (their tiling releases the GIL), as the API server's
+        # process reads it while the engine-core process loads; the core sees the model's own EOS ids in both.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlite-tokenizer") as pool:
+            tokenizer = pool.submit(load_tokenizer, loaded.resolved)
+            self.engine_core = EngineCore(loaded, tokenizer.result)
+            self.tokenizer = tokenizer.result()
         if engine_args.chat_template is not None:
             self.tokenizer.chat_template = engine_args.chat_template
         eos = set(loaded.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        loaded.eos_token_ids = tuple(sorted(eos))
         self.max_model_len = loaded.config.scheduler_config.max_model_len
         self.num_kv_blocks = loaded.num_kv_blocks
         self.input_processor = InputProcessor(self.tokenizer, self.max_model_len, loaded.arch.vocab_size,
-                                              loaded.kv_capacity_tokens, loaded.eos_token_ids,
+                                              loaded.kv_capacity_tokens, tuple(sorted(eos)),
                                               _validate_structured_outputs)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.engine_core = EngineCore(loaded, self.tokenizer)
         self._pending_outputs: list[RequestOutput] = []
         self._children: dict[str, list[str]] = {}  # n > 1 request id -> its children's ids
         self._start_time = time.time()

@@ -218,7 +218,7 @@ class ModelArchConfig:
     # ---------------------------------------------------------------- GGUF
     @classmethod
     def from_gguf_metadata(cls, reader: Any) -> ModelArchConfig:
-        """Build from a ``gguf.GGUFReader`` (metadata plus the optional ``rope_freqs`` tensor)."""
+        """Build from a GGUF header (`gguf_reader.GGUFReader`: metadata plus the optional ``rope_freqs`` tensor)."""
         arch = _field(reader, "general.architecture")
         spec = spec_for_gguf(arch)
 
@@ -535,15 +535,12 @@ def _field(reader: Any, name: str, default: Any = None) -> Any:
 
 
 def _gguf_token_ids(reader: Any, texts: tuple[str, ...]) -> list[int]:
-    """The ids of the vocabulary tokens spelled as one of `texts`, in id order (the raw byte parts of
-    `tokenizer.ggml.tokens`: decoding all 262,144 strings of a Gemma vocabulary would cost seconds)."""
+    """The ids of the vocabulary tokens spelled as one of `texts`, in id order (compared as raw bytes)."""
     field = reader.fields.get("tokenizer.ggml.tokens")
     if field is None:
         return []
     wanted = {t.encode() for t in texts}
-    sizes = {len(w) for w in wanted}
-    return [i for i, part in enumerate(field.data)
-            if len(field.parts[part]) in sizes and field.parts[part].tobytes() in wanted]
+    return [i for i, token in enumerate(field.string_bytes()) if token in wanted]
 
 
 def _hf_rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:

@@ -1,7 +1,7 @@
 """On-disk cache of converted GGUF models, so later starts skip parsing and dequantizing.
 
-A GGUF load parses ~100k metadata entries and converts every tensor (several seconds, twice:
-once for the weights, once for the tokenizer). The result is stored once as safetensors (dense
+A GGUF load converts the tensors vlite does not keep in their blocks, and transformers builds the
+tokenizer from ~100k-400k metadata strings (seconds for a Llama 3 vocabulary). The result is stored once as safetensors (dense
 tensors in the target dtype, packed ones as their qs/scales/mins parts) plus a saved fast
 tokenizer, keyed by the file's path, size, mtime and the dtype. Weights kept in the file's own
 blocks (Q4_0, K-quants) are not copied: the entry records where they are in the GGUF file, which is
@@ -215,17 +215,36 @@ def cached_gguf_stream(source: Path, dtype: torch.dtype) -> Optional[tuple[Model
 
 
 def cached_gguf_tokenizer(source: Path, load: Callable[[], Any]) -> Any:
-    # The fast-tokenizer class directly: AutoTokenizer imports torch (via transformers' config
-    # classes), which the API server process otherwise never loads.
-    from transformers import PreTrainedTokenizerFast
-
     entry = _entry(source, "tokenizer")
     if entry is not None and (entry / "tokenizer_config.json").exists():
         try:
-            return PreTrainedTokenizerFast.from_pretrained(str(entry))
-        except (OSError, ValueError) as e:
+            return _saved_tokenizer(entry)
+        except (OSError, ValueError, TypeError) as e:
             logger.debug("ignoring unreadable tokenizer cache %s: %s", entry, e)
     tokenizer = load()
     if entry is not None:
         _store(entry, lambda d: tokenizer.save_pretrained(str(d)))
     return tokenizer
+
+
+# bookkeeping keys save_pretrained writes that are not constructor arguments of the tokenizer
+_NOT_INIT_KWARGS = ("added_tokens_decoder", "tokenizer_class", "backend", "is_local", "local_files_only",
+                    "name_or_path")
+
+
+def _saved_tokenizer(entry: Path) -> Any:
+    """A saved fast tokenizer, built from its tokenizer.json and config directly.
+
+    `from_pretrained` would make an `AddedToken` of every added token and deep-copy them all: seconds for a
+    vocabulary padded with tens of thousands of control tokens (Llama 3 shapes). The fast-tokenizer class
+    itself: AutoTokenizer imports torch (via transformers' config classes), which the API server process
+    otherwise never loads."""
+    from transformers import PreTrainedTokenizerFast
+
+    config = json.loads((entry / "tokenizer_config.json").read_text())
+    for key in _NOT_INIT_KWARGS:
+        config.pop(key, None)
+    template = entry / "chat_template.jinja"
+    if template.exists() and "chat_template" not in config:
+        config["chat_template"] = template.read_text()
+    return PreTrainedTokenizerFast(tokenizer_file=str(entry / "tokenizer.json"), **config)

@@ -21,6 +21,7 @@ from vlite.layers import weight_arena
 from vlite.layers.packed import PackedTensors
 from vlite.model_loader.arch_config import ModelArchConfig, expected_weight_names
 from vlite.model_loader.gguf_quants import DENSE_TYPES, SUPPORTED_TYPES, to_packed
+from vlite.model_loader.gguf_reader import GGUFReader
 
 Weight = Union[torch.Tensor, PackedTensors]
 
@@ -85,12 +86,10 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, dict[str
 
 
 def open_gguf(path: Path) -> Any:
-    """gguf's reader of the file; a file it cannot parse (truncated: a download cut short; not GGUF) is an
-    error naming the file and its size, before any work."""
-    import gguf
-
+    """The file's header and a memory map of it (`gguf_reader.GGUFReader`); a file it cannot parse (truncated: a
+    download cut short; not GGUF) is an error naming the file and its size, before any work."""
     try:
-        return gguf.GGUFReader(str(path))
+        return GGUFReader(str(path))
     except (ValueError, IndexError, OSError, struct.error) as e:
         size = os.path.getsize(path)
         raise ValueError(f"{path}: not a readable GGUF file ({size} bytes; truncated or damaged?): {e}") from e

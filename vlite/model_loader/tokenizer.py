@@ -60,19 +60,19 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
 
 
 def _load_gguf_tokenizer(resolved: ResolvedModel) -> Any:
-    from transformers import AutoTokenizer
+    """The tokenizer transformers builds from the file's tokenizer.ggml.* metadata, in the class AutoTokenizer
+    would pick for the architecture (the generic fast class where it has none). Not AutoTokenizer itself: it
+    parses the whole file again with gguf's reader to build a model config (seconds for a 128k vocabulary)."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
+    from vlite.model_loader.gguf_loader import open_gguf
 
     assert resolved.gguf_file is not None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), gguf_file=resolved.gguf_file.name)
-    except ValueError as e:
-        # transformers' GGUF config reader names the architectures it knows (not OLMo 2, SmolLM3): the tokenizer
-        # itself comes from the tokenizer.ggml.* metadata alone, which the generic class reads for any of them
-        if "is not supported" not in str(e):
-            raise
-        from transformers import PreTrainedTokenizerFast
-
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(resolved.path), gguf_file=resolved.gguf_file.name)
+    arch = open_gguf(resolved.gguf_file).fields.get("general.architecture")
+    class_name = TOKENIZER_MAPPING_NAMES.get(arch.contents()) if arch is not None else None
+    cls = (tokenizer_class_from_name(class_name) if class_name else None) or PreTrainedTokenizerFast
+    tokenizer = cls.from_pretrained(str(resolved.path), gguf_file=resolved.gguf_file.name)
     if not getattr(tokenizer, "chat_template", None):
         template = _gguf_chat_template(resolved)
         if template:

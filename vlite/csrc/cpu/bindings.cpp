@@ -26,7 +26,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("value_cache"), pybind11::arg("block_table"), pybind11::arg("seq_lens"), pybind11::arg("scale"),
         pybind11::arg("window") = 0);
   m.def("tile_gguf", &vlite::tile_gguf, pybind11::arg("raw"), pybind11::arg("code"), pybind11::arg("k"),
-        pybind11::arg("qt"), pybind11::arg("scales"), "GGUF Q4_0/Q4_K/Q5_K/Q6_K rows -> the kernels' tiles");
+        pybind11::arg("qt"), pybind11::arg("scales"), pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "GGUF Q4_0/Q4_K/Q5_K/Q6_K rows -> the kernels' tiles (without the GIL: the tokenizer loads meanwhile)");
   m.def("read_bandwidth", &vlite::read_bandwidth, pybind11::arg("buf"), pybind11::arg("iters") = 5,
         "GB/s of the best of `iters` multi-threaded streaming reads of a uint8 buffer");
   m.def("quantize_activations", &vlite::quantize_activations, pybind11::arg("x"), pybind11::arg("precise") = false);
