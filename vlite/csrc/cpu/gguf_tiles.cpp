@@ -31,41 +31,59 @@ inline uint16_t get_u16(const uint8_t* p) {
   return v;
 }
 
-// One super-block (or Q4_0 block) of one row: its 256 (32) values, and its scale fields into the tile's
-// scale bytes `st` at lane l.
-void decode_row_block(int64_t code, const uint8_t* blk, uint8_t* v, uint8_t* st, int64_t l) {
-  if (code == kQ4_0) {  // d, qs[16]: value j low nibble of byte j, value j + 16 high
+inline uint32_t get_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+constexpr uint32_t kLo = 0x0F0F0F0Fu;
+
+// The nibbles of one 32-value block of one row into the tile, four bytes (one chunk p) at a time:
+// tile byte (chunk p, input i) = value 4p + i | value 16 + 4p + i << 4. The values are the nibbles at
+// `shift` (0 or 4) of src[0..31] (Q4_0: src[j] & 15 is value j, src[j] >> 4 value j + 16).
+inline void put_nibbles(const uint8_t* src, int shift, uint8_t* nib) {
+  for (int p = 0; p < 4; ++p) {
+    const uint32_t lo = get_u32(src + 4 * p), hi = get_u32(src + 16 + 4 * p);
+    put_u32(nib + 64 * p, shift == 0 ? (lo & kLo) | (hi & kLo) << 4 : (lo >> 4 & kLo) | (hi & ~kLo));
+  }
+}
+
+// One super-block (or Q4_0 block) of one row: its values' nibbles and high bits into the tile (chunk bytes
+// at row l: `q` the tile's nibbles, `hb` its high plane, both at block sb's first 32-value block), and
+// its scale fields into the tile's scale bytes `st` at lane l.
+void tile_row_block(int64_t code, const uint8_t* blk, uint8_t* q, uint8_t* hb, uint8_t* st, int64_t l) {
+  if (code == kQ4_0) {  // d, qs[16]: value j low nibble of byte j, value j + 16 high: the tile's bytes as they are
     put_u16(st + 2 * l, get_u16(blk));
-    for (int j = 0; j < 16; ++j) {
-      v[j] = blk[2 + j] & 15;
-      v[j + 16] = blk[2 + j] >> 4;
-    }
+    for (int p = 0; p < 4; ++p) std::memcpy(q + 64 * p, blk + 2 + 4 * p, 4);
     return;
   }
-  if (code == kQ6_K) {  // ql[128], qh[64], scales[16], d
+  if (code == kQ6_K) {  // ql[128], qh[64], scales[16], d; block 4h + s: values 128h + 32s + i
     const uint8_t *ql = blk, *qh = blk + 128;
     for (int h = 0; h < 2; ++h)
-      for (int i = 0; i < 64; ++i) {
-        v[128 * h + i] = ql[64 * h + i] & 15;
-        v[128 * h + 64 + i] = ql[64 * h + i] >> 4;
+      for (int s = 0; s < 4; ++s) {
+        const int64_t b = 4 * h + s;
+        put_nibbles(ql + 64 * h + 32 * (s & 1), 4 * (s >> 1), q + 256 * b);
+        for (int plane = 0; plane < 2; ++plane) {  // bits 2p.. of byte i: value 16 plane + 4p + i's bits 4-5
+          uint32_t bits = 0;
+          for (int p = 0; p < 4; ++p) bits |= (get_u32(qh + 32 * h + 16 * plane + 4 * p) >> (2 * s) & 0x03030303u) << (2 * p);
+          put_u32(hb + 128 * b + 64 * plane, bits);
+        }
       }
-    for (int h = 0; h < 2; ++h)
-      for (int s = 0; s < 4; ++s)
-        for (int i = 0; i < 32; ++i) v[128 * h + 32 * s + i] |= ((qh[32 * h + i] >> (2 * s)) & 3) << 4;
     put_u16(st + 2 * l, get_u16(blk + 208));
     for (int i = 0; i < 16; ++i) st[32 + i * kRowsPerTile + l] = blk[192 + i];
     return;
   }
-  // Q4_K: d, dmin, scales[12], qs[128]; Q5_K: d, dmin, scales[12], qh[32], qs[128]
+  // Q4_K: d, dmin, scales[12], qs[128]; Q5_K: d, dmin, scales[12], qh[32], qs[128]. Group g of 64 values:
+  // low nibbles of qs[32g..] values 64g + i, high nibbles 64g + 32 + i.
   const uint8_t* qs = blk + (code == kQ5_K ? 48 : 16);
-  for (int g = 0; g < 4; ++g)
-    for (int i = 0; i < 32; ++i) {
-      v[64 * g + i] = qs[32 * g + i] & 15;
-      v[64 * g + 32 + i] = qs[32 * g + i] >> 4;
+  for (int b = 0; b < 8; ++b) {
+    put_nibbles(qs + 32 * (b / 2), 4 * (b % 2), q + 256 * b);
+    if (code == kQ5_K) {  // bit p of byte i: bit 4 of value 4p + i, i.e. bit b of qh[4p + i]
+      uint32_t bits = 0;
+      for (int p = 0; p < 8; ++p) bits |= (get_u32(blk + 16 + 4 * p) >> b & 0x01010101u) << p;
+      put_u32(hb + 64 * b, bits);
     }
-  if (code == kQ5_K)
-    for (int b = 0; b < 8; ++b)
-      for (int i = 0; i < 32; ++i) v[32 * b + i] |= ((blk[16 + i] >> b) & 1) << 4;
+  }
   uint8_t sc[8], mn[8];
   k_scale_min(blk + 4, sc, mn);
   uint32_t lo_sc = 0, lo_mn = 0, hi = 0;
@@ -103,38 +121,20 @@ void tile_gguf(at::Tensor raw, int64_t code, int64_t K, at::Tensor qt, at::Tenso
   uint8_t* qd = qt.data_ptr<uint8_t>();
   uint8_t* sd = reinterpret_cast<uint8_t*>(st.data_ptr());
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    uint8_t v[256];
     for (int64_t t = begin; t < end; ++t) {
       uint8_t* q = qd + t * qt_cols;
       uint8_t* s = sd + t * (K / block) * st_block;
-      std::memset(q, 0, qt_cols);
-      std::memset(s, 0, (K / block) * st_block);
-      for (int64_t l = 0; l < kRowsPerTile && t * kRowsPerTile + l < N; ++l) {
+      const int64_t rows = std::min(kRowsPerTile, N - t * kRowsPerTile);
+      if (rows < kRowsPerTile) {  // the lanes of padding rows are zeros (every byte of a full tile is written)
+        std::memset(q, 0, qt_cols);
+        std::memset(s, 0, (K / block) * st_block);
+      }
+      for (int64_t l = 0; l < rows; ++l) {
         const uint8_t* row = src + (t * kRowsPerTile + l) * (K / block) * bytes;
         for (int64_t sb = 0; sb < K / block; ++sb) {
-          decode_row_block(code, row + sb * bytes, v, s + sb * st_block, l);
-          for (int64_t bb = 0; bb < block / 32; ++bb) {  // the 32-value blocks of this (super-)block
-            const int64_t b = sb * (block / 32) + bb;
-            const uint8_t* vb = v + 32 * bb;
-            uint8_t* nib = q + b * 256 + 4 * l;  // chunk p: inputs 4p.. (low nibble), 16 + 4p.. (high)
-            for (int p = 0; p < 4; ++p)
-              for (int i = 0; i < 4; ++i) nib[64 * p + i] = (vb[4 * p + i] & 15) | (vb[16 + 4 * p + i] & 15) << 4;
-            uint8_t* hb = q + nb * 256 + b * 64 * high_bits + 4 * l;
-            if (high_bits == 1) {  // bit p of byte i: input 4p + i
-              for (int i = 0; i < 4; ++i) {
-                uint8_t byte = 0;
-                for (int p = 0; p < 8; ++p) byte |= ((vb[4 * p + i] >> 4) & 1) << p;
-                hb[i] = byte;
-              }
-            } else if (high_bits == 2) {  // plane h, bits 2p..: input 16h + 4p + i
-              for (int h = 0; h < 2; ++h)
-                for (int i = 0; i < 4; ++i) {
-                  uint8_t byte = 0;
-                  for (int p = 0; p < 4; ++p) byte |= ((vb[16 * h + 4 * p + i] >> 4) & 3) << (2 * p);
-                  hb[64 * h + i] = byte;
-                }
-            }
-          }
+          const int64_t b = sb * (block / 32);  // its first 32-value block
+          tile_row_block(code, row + sb * bytes, q + b * 256 + 4 * l, q + nb * 256 + b * 64 * high_bits + 4 * l,
+                         s + sb * st_block, l);
         }
       }
     }
