@@ -119,7 +119,6 @@ def test_gguf_end_of_turn_and_chat_template(tmp_path: Path) -> None:
 
     from vlite.model_loader.arch_config import ModelArchConfig
     from vlite.model_loader.chat_templates import GEMMA3_CHAT_TEMPLATE
-    from vlite.model_loader.resolve import ResolvedModel
     from vlite.model_loader.tokenizer import _gguf_chat_template
 
     tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<end_of_turnx>", "<start_of_turn>", "<end_of_turn>", "a"]
@@ -146,7 +145,7 @@ def test_gguf_end_of_turn_and_chat_template(tmp_path: Path) -> None:
         return ModelArchConfig.from_gguf_metadata(GGUFReader(str(path))).eos_token_ids
 
     def template(path: Path) -> str | None:
-        return _gguf_chat_template(ResolvedModel(path.name, path.parent, path))
+        return _gguf_chat_template(GGUFReader(str(path)).fields)
 
     plain = header("plain.gguf")
     assert eos(plain) == (1, 6) and template(plain) == GEMMA3_CHAT_TEMPLATE

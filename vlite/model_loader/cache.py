@@ -1,9 +1,9 @@
 """On-disk cache of converted GGUF models, so later starts skip parsing and dequantizing.
 
 A GGUF load converts the tensors vlite does not keep in their blocks, and transformers builds the
-tokenizer from ~100k-400k metadata strings (seconds for a Llama 3 vocabulary). The result is stored once as safetensors (dense
-tensors in the target dtype, packed ones as their qs/scales/mins parts) plus a saved fast
-tokenizer, keyed by the file's path, size, mtime and the dtype. Weights kept in the file's own
+tokenizer from ~100k-400k metadata strings (seconds for a Llama 3 vocabulary). The result is stored
+once as safetensors (dense tensors in the target dtype, packed ones as their qs/scales/mins parts)
+plus a saved fast tokenizer, keyed by the file's path, size, mtime and the dtype. Weights kept in the file's own
 blocks (Q4_0, K-quants) are not copied: the entry records where they are in the GGUF file, which is
 mapped (read-only) at the next start, so the cache holds no second copy of them.
 Any failure to read or write the cache falls back to the normal load.

@@ -219,8 +219,10 @@ def _check_shapes(path: Path, config: ModelArchConfig, weights: dict[str, Weight
     q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     expected = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "lm_head.weight": (c.vocab_size,
                                                                                                  c.hidden_size)}
-    by_suffix = {".self_attn.q_proj.weight": (q_out, c.hidden_size), ".self_attn.k_proj.weight": (kv_out, c.hidden_size),
-                 ".self_attn.v_proj.weight": (kv_out, c.hidden_size), ".self_attn.o_proj.weight": (c.hidden_size, q_out),
+    by_suffix = {".self_attn.q_proj.weight": (q_out, c.hidden_size),
+                 ".self_attn.k_proj.weight": (kv_out, c.hidden_size),
+                 ".self_attn.v_proj.weight": (kv_out, c.hidden_size),
+                 ".self_attn.o_proj.weight": (c.hidden_size, q_out),
                  ".mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
                  ".mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
                  ".mlp.down_proj.weight": (c.hidden_size, c.intermediate_size)}

@@ -26,14 +26,11 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _gguf_chat_template(resolved: ResolvedModel) -> str | None:
-    """The ``tokenizer.chat_template`` metadata string of the GGUF file, else its family's own template
+def _gguf_chat_template(fields: dict[str, Any]) -> str | None:
+    """The ``tokenizer.chat_template`` metadata string of a GGUF header's `fields`, else its family's own template
     where vlite knows one (`chat_templates.FAMILY_CHAT_TEMPLATES`: files of base checkpoints carry none)."""
     from vlite.model_loader.chat_templates import FAMILY_CHAT_TEMPLATES
-    from vlite.model_loader.gguf_loader import open_gguf
 
-    assert resolved.gguf_file is not None
-    fields = open_gguf(resolved.gguf_file).fields
     field = fields.get("tokenizer.chat_template")
     if field is not None:
         return field.contents()
@@ -69,12 +66,13 @@ def _load_gguf_tokenizer(resolved: ResolvedModel) -> Any:
     from vlite.model_loader.gguf_loader import open_gguf
 
     assert resolved.gguf_file is not None
-    arch = open_gguf(resolved.gguf_file).fields.get("general.architecture")
+    fields = open_gguf(resolved.gguf_file).fields
+    arch = fields.get("general.architecture")
     class_name = TOKENIZER_MAPPING_NAMES.get(arch.contents()) if arch is not None else None
     cls = (tokenizer_class_from_name(class_name) if class_name else None) or PreTrainedTokenizerFast
     tokenizer = cls.from_pretrained(str(resolved.path), gguf_file=resolved.gguf_file.name)
     if not getattr(tokenizer, "chat_template", None):
-        template = _gguf_chat_template(resolved)
+        template = _gguf_chat_template(fields)
         if template:
             tokenizer.chat_template = template
     return tokenizer

@@ -38,6 +38,14 @@ inline uint32_t get_u32(const uint8_t* p) {
 }
 constexpr uint32_t kLo = 0x0F0F0F0Fu;
 
+// Byte i of the result: bits `shift`.. (`mask` in each byte) of src[4p + i], placed at bit width * p, p < n:
+// one 32-value block's high bits of four rows' inputs as the tile's high plane packs them (four bytes at once).
+inline uint32_t gather_bits(const uint8_t* src, int n, int shift, uint32_t mask, int width) {
+  uint32_t bits = 0;
+  for (int p = 0; p < n; ++p) bits |= (get_u32(src + 4 * p) >> shift & mask) << (width * p);
+  return bits;
+}
+
 // The nibbles of one 32-value block of one row into the tile, four bytes (one chunk p) at a time:
 // tile byte (chunk p, input i) = value 4p + i | value 16 + 4p + i << 4. The values are the nibbles at
 // `shift` (0 or 4) of src[0..31] (Q4_0: src[j] & 15 is value j, src[j] >> 4 value j + 16).
@@ -63,11 +71,8 @@ void tile_row_block(int64_t code, const uint8_t* blk, uint8_t* q, uint8_t* hb, u
       for (int s = 0; s < 4; ++s) {
         const int64_t b = 4 * h + s;
         put_nibbles(ql + 64 * h + 32 * (s & 1), 4 * (s >> 1), q + 256 * b);
-        for (int plane = 0; plane < 2; ++plane) {  // bits 2p.. of byte i: value 16 plane + 4p + i's bits 4-5
-          uint32_t bits = 0;
-          for (int p = 0; p < 4; ++p) bits |= (get_u32(qh + 32 * h + 16 * plane + 4 * p) >> (2 * s) & 0x03030303u) << (2 * p);
-          put_u32(hb + 128 * b + 64 * plane, bits);
-        }
+        for (int plane = 0; plane < 2; ++plane)  // bits 2p.. of byte i: value 16 plane + 4p + i's bits 4-5
+          put_u32(hb + 128 * b + 64 * plane, gather_bits(qh + 32 * h + 16 * plane, 4, 2 * s, 0x03030303u, 2));
       }
     put_u16(st + 2 * l, get_u16(blk + 208));
     for (int i = 0; i < 16; ++i) st[32 + i * kRowsPerTile + l] = blk[192 + i];
@@ -78,11 +83,8 @@ void tile_row_block(int64_t code, const uint8_t* blk, uint8_t* q, uint8_t* hb, u
   const uint8_t* qs = blk + (code == kQ5_K ? 48 : 16);
   for (int b = 0; b < 8; ++b) {
     put_nibbles(qs + 32 * (b / 2), 4 * (b % 2), q + 256 * b);
-    if (code == kQ5_K) {  // bit p of byte i: bit 4 of value 4p + i, i.e. bit b of qh[4p + i]
-      uint32_t bits = 0;
-      for (int p = 0; p < 8; ++p) bits |= (get_u32(blk + 16 + 4 * p) >> b & 0x01010101u) << p;
-      put_u32(hb + 64 * b, bits);
-    }
+    if (code == kQ5_K)  // bit p of byte i: bit 4 of value 4p + i, i.e. bit b of qh[4p + i]
+      put_u32(hb + 64 * b, gather_bits(blk + 16, 8, b, 0x01010101u, 1));
   }
   uint8_t sc[8], mn[8];
   k_scale_min(blk + 4, sc, mn);
