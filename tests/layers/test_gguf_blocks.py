@@ -75,6 +75,21 @@ def test_kernels_match_reference(ops, name, n, k):
             assert err < (2e-4 if dtype == torch.float32 and m <= 8 else 2e-2), (m, dtype, err)
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_rows_same_bits_in_any_step_size(ops, name):
+    """A row's output does not depend on how many rows share its call (1- and 2-row kernels, passes of 8 or
+    16): a speculative verify step's rows equal the 1-row decodes they stand for, float32 rows included."""
+    n, k = 37, 768  # three super-blocks: groups of scales that end short of a whole one
+    p = to_packed(random_gguf(name, n, k, seed=3), T[name], (n, k))
+    t = p.tiled()
+    args = (t.qt, t.scales, t.mins, t.fmt, t.sub, t.n)
+    for dtype, precise in ((torch.bfloat16, False), (torch.float32, False), (torch.float32, True)):
+        x = torch.randn(25, k, generator=torch.Generator().manual_seed(6)).to(dtype)
+        alone = torch.cat([ops.quant_linear(x[i:i + 1], *args, None, precise) for i in range(25)])
+        for m in (2, 3, 8, 9, 16, 17, 25):
+            assert torch.equal(ops.quant_linear(x[:m], *args, None, precise), alone[:m]), (m, dtype, precise)
+
+
 def test_rows_cols_and_cat_keep_the_blocks():
     n, k = 32, 1024
     raw = random_gguf("Q4_K", n, k, seed=3)

@@ -472,7 +472,7 @@ static inline void q8_block_ints(const uint8_t* wb, const Activations& a, int64_
 // in `res` from group to group). With only 16 vector registers, one pass doing both spilled the
 // unpacked weight registers and the float accumulators to the stack (measured: 87 -> 103 GMAC/s per
 // core with the split, kRows 4 -> 8).
-// The float pass over rows [R0, R0 + RG) of the block sums ib (R rows) of blocks [b0, b1), both halves
+// The float pass over rows [R0, R0 + RG) of the block sums ib (R rows) of blocks [b0, b1) (st, mt: from b0 on), both halves
 // at once (RG <= 4: 8 accumulators), so that each row's activation scale and mins sum are broadcast once
 // for the two. It is bound by its loads: per row and block 4 instead of 6 (half by half, 9 rows at a
 // time), for 4 scale loads per group of rows instead of 2. The 4 linears of a SmolLM2-135M layer, one
@@ -485,7 +485,7 @@ static inline void tile_scale_rows(const int32_t (*ib)[2][PER][R][8], const S* s
     for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_loadu_ps(res + (R0 + r) * kTile + 8 * h);
   for (int64_t b = b0; b < b1; ++b) {
     for (int64_t p = 0; p < PER; ++p) {
-      const __m256 sc0 = load8f(st + (b * PER + p) * kTile), sc1 = load8f(st + (b * PER + p) * kTile + 8);
+      const __m256 sc0 = load8f(st + ((b - b0) * PER + p) * kTile), sc1 = load8f(st + ((b - b0) * PER + p) * kTile + 8);
       for (int r = 0; r < RG; ++r) {
         const __m256 d = _mm256_set1_ps(a.d[(m0 + R0 + r) * a.nb + b]);
         const int32_t* v = ib[b - b0][0][p][R0 + r];
@@ -497,7 +497,7 @@ static inline void tile_scale_rows(const int32_t (*ib)[2][PER][R][8], const S* s
       }
     }
     if (mt != nullptr) {
-      const __m256 mn0 = load8f(mt + b * kTile), mn1 = load8f(mt + b * kTile + 8);
+      const __m256 mn0 = load8f(mt + (b - b0) * kTile), mn1 = load8f(mt + (b - b0) * kTile + 8);
       for (int r = 0; r < RG; ++r) {
         const __m256 ds = _mm256_set1_ps(a.dsum[(m0 + R0 + r) * a.nb + b]);
         acc[r][0] = _mm256_fmadd_ps(mn0, ds, acc[r][0]);
@@ -552,13 +552,15 @@ static inline void high_block_to_q8(const uint8_t* wb, const uint8_t* hb, uint8_
 
 // Never inlined: inlined into the caller's loop (as GCC chose for 8 rows once the passes grew to 16)
 // its 8-row pass ran 10% slower.
+// Compact weights (`code`, their scale bytes `ks`; st and mt unused): each group's scales decoded first.
 template <int FMT, int SUB, int R, typename S>
 __attribute__((noinline)) void tile_dot(const uint8_t* qt, const S* st, const S* mt, const Activations& a, int64_t m0,
-                                        float* res, const uint8_t* pf) {
+                                        float* res, const uint8_t* pf, int64_t code = 0, const uint8_t* ks = nullptr) {
   constexpr int64_t PER = QK / SUB;
   static_assert(FMT != 4 || PER == 1, "q4 blocks have one scale");
   constexpr int64_t G = PER == 2 ? 8 : 16;  // blocks per pass (the buffer: <= 16 KB)
   alignas(32) int32_t ib[G][2][PER][R][8];
+  alignas(32) float gsc[G * PER * kTile], gmn[G * kTile];  // a compact weight's group of scales
   const int64_t high0 = a.nb * tile_block_bytes<FMT>();  // the high plane follows the tile's nibbles
   for (int64_t i = 0; i < R * kTile; ++i) res[i] = 0.f;
   for (int64_t b0 = 0; b0 < a.nb; b0 += G) {
@@ -581,8 +583,82 @@ __attribute__((noinline)) void tile_dot(const uint8_t* qt, const S* st, const S*
         q8_block_ints<PER, R>(q8, a, m0, b, ib[b - b0]);
       }
     }
-    tile_scale_groups<PER, R, 0>(ib, st, mt, a, m0, b0, b1, res);
+    if constexpr (std::is_same_v<S, float>) {
+      if (ks != nullptr) {
+        decode_scales(code, ks, b0, b1, gsc, gmn);
+        tile_scale_groups<PER, R, 0>(ib, gsc, compact_has_mins(code) ? gmn : nullptr, a, m0, b0, b1, res);
+        continue;
+      }
+    }
+    tile_scale_groups<PER, R, 0>(ib, st + b0 * PER * kTile, mt != nullptr ? mt + b0 * kTile : nullptr, a, m0, b0, b1,
+                                 res);
   }
+}
+
+// AVX2 q4, one or two activation rows (decode; a precise row's value and residual): one pass, the block's
+// integer sums straight into the float accumulators, without tile_dot's buffer of block sums, which at so few
+// rows cost as much as the products. The same operations per block in the same order as tile_dot: the same bits.
+template <int R, typename S>
+__attribute__((noinline)) void tile_dot_q4_rows(const uint8_t* qt, const S* st, const S* mt, const Activations& a,
+                                                int64_t m0, float* res, const uint8_t* pf, int64_t code = 0,
+                                                const uint8_t* ks = nullptr) {
+  constexpr int64_t G = 16, BB = tile_block_bytes<4>();
+  alignas(32) float gsc[G * kTile], gmn[G * kTile];
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b0 = 0; b0 < a.nb; b0 += G) {
+    const int64_t b1 = std::min(a.nb, b0 + G);
+    const S* sp = st != nullptr ? st + b0 * kTile : nullptr;
+    const S* mp = mt != nullptr ? mt + b0 * kTile : nullptr;
+    if constexpr (std::is_same_v<S, float>) {
+      if (ks != nullptr) {
+        decode_scales(code, ks, b0, b1, gsc, gmn);
+        sp = gsc;
+        mp = compact_has_mins(code) ? gmn : nullptr;
+      }
+    }
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* wb = qt + b * BB;
+      if (pf != nullptr)
+        for (int64_t i = 0; i < BB; i += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + b * BB + i), _MM_HINT_T0);
+      __m256i s[R][2];
+      for (int p = 0; p < 4; ++p) {
+        __m256i w[2][2];  // w[h][nibble]: inputs 4p..4p+3 (low) and 16 + 4p.. (high) of half h's 8 rows
+        for (int h = 0; h < 2; ++h) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * p + 32 * h));
+          w[h][0] = _mm256_and_si256(raw, m4);
+          w[h][1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        }
+        for (int r = 0; r < R; ++r) {
+          const int32_t* xi = reinterpret_cast<const int32_t*>(a.q + (m0 + r) * a.K + b * QK);
+          const __m256i xl = _mm256_set1_epi32(xi[p]), xh = _mm256_set1_epi32(xi[4 + p]);
+          for (int h = 0; h < 2; ++h) {
+            const __m256i v = _mm256_add_epi16(_mm256_maddubs_epi16(w[h][0], xl), _mm256_maddubs_epi16(w[h][1], xh));
+            s[r][h] = p == 0 ? v : _mm256_add_epi16(s[r][h], v);
+          }
+        }
+      }
+      const __m256 sc0 = load8f(sp + (b - b0) * kTile), sc1 = load8f(sp + (b - b0) * kTile + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 d = _mm256_set1_ps(a.d[(m0 + r) * a.nb + b]);
+        acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[r][0], ones)), _mm256_mul_ps(sc0, d),
+                                    acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[r][1], ones)), _mm256_mul_ps(sc1, d),
+                                    acc[r][1]);
+      }
+      if (mp != nullptr) {
+        const __m256 mn0 = load8f(mp + (b - b0) * kTile), mn1 = load8f(mp + (b - b0) * kTile + 8);
+        for (int r = 0; r < R; ++r) {
+          const __m256 ds = _mm256_set1_ps(a.dsum[(m0 + r) * a.nb + b]);
+          acc[r][0] = _mm256_fmadd_ps(mn0, ds, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(mn1, ds, acc[r][1]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(res + r * kTile + 8 * h, acc[r][h]);
 }
 
 // q8 weights against float32 activations on AVX2: the (value, residual) int8 pair of a row as one
@@ -715,9 +791,11 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
     }
   };
   // the tile's scales and mins: from the arrays, or a compact weight's decoded into this thread's buffers
-  auto tile_scales = [&](int64_t t, const S*& s, const S*& mn) {
-#if defined(VLITE_AVX512)
-    if (ts != nullptr) {  // decoded in the kernel's registers (tile_dot's SC)
+  // (`whole`: the tile's at once; else AVX-512 decodes them in the kernel's registers (tile_dot's SC), AVX2
+  // group by group (tile_dot's ks))
+  auto tile_scales = [&](int64_t t, const S*& s, const S*& mn, bool whole = false) {
+#if defined(VLITE_AVX512) || defined(VLITE_AVX2)
+    if (ts != nullptr && !whole) {
       s = mn = nullptr;
       return;
     }
@@ -746,7 +824,7 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
           const uint8_t* q = qt + t * tile_bytes;
           const S* s;
           const S* mn;
-          tile_scales(t, s, mn);
+          tile_scales(t, s, mn, true);
           const uint8_t* next = t + 1 < end ? q + tile_bytes : nullptr;
           for (int64_t m = 0; m < MO; m += 4) {
             const int64_t rows = std::min<int64_t>(4, MO - m);
@@ -808,6 +886,16 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
             });
           } else {
             with_rows<kPass>(rows, [&](auto r) { tile_dot<FMT, SUB, decltype(r)::value>(q, s, mn, a, m, res, pf); });
+          }
+#elif defined(VLITE_AVX2)
+          const uint8_t* ks = ts != nullptr ? ts->st + t * ts->tile_bytes : nullptr;
+          const int64_t code = ts != nullptr ? ts->code : 0;
+          if (FMT == 4 && rows <= 2) {
+            with_rows<2>(rows, [&](auto r) { tile_dot_q4_rows<decltype(r)::value>(q, s, mn, a, m, res, pf, code, ks); });
+          } else {
+            with_rows<kPass>(rows, [&](auto r) {
+              tile_dot<FMT, SUB, decltype(r)::value>(q, s, mn, a, m, res, pf, code, ks);
+            });
           }
 #else
           with_rows<kPass>(rows, [&](auto r) { tile_dot<FMT, SUB, decltype(r)::value>(q, s, mn, a, m, res, pf); });
