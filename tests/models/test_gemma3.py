@@ -151,3 +151,22 @@ def test_gguf_end_of_turn_and_chat_template(tmp_path: Path) -> None:
     assert eos(plain) == (1, 6) and template(plain) == GEMMA3_CHAT_TEMPLATE
     named = header("named.gguf", eot=5, template="{{ messages[0]['content'] }}")
     assert eos(named) == (1, 5) and template(named) == "{{ messages[0]['content'] }}"
+
+
+@pytest.mark.parametrize("cache", ["off", "on"])
+def test_gguf_tokenizer_is_autotokenizers(hf_model: Any, tokenizer: Any, tmp_path: Path, monkeypatch: Any,
+                                          cache: str) -> None:
+    """The tokenizer vlite builds from a Gemma 3 file is the one AutoTokenizer builds, the Gemma class's own
+    default special tokens (<mask>) included, at the first start and from the cache."""
+    from transformers import AutoTokenizer
+
+    from tests.model_loader.test_cache import same_tokenizer
+    from vlite.model_loader import load_tokenizer
+
+    path = tiny.write_gguf(hf_model, tokenizer, tmp_path / "gemma3.gguf", "gemma3", f16=True)
+    ref = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    monkeypatch.setenv("VLITE_CACHE_DIR", "off" if cache == "off" else str(tmp_path / "cache"))
+    for _ in range(2 if cache == "on" else 1):  # written, then read back
+        tok = load_tokenizer(resolve_model(str(path)))
+        same_tokenizer(tok, ref)
+        assert tok.special_tokens_map["mask_token"] == "<mask>"

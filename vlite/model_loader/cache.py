@@ -62,6 +62,9 @@ def _store(entry: Path, write: Callable[[Path], None]) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
             if not entry.exists():
                 raise
+        except BaseException:  # a bad file: no half-written folder left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     except OSError as e:
         logger.debug("could not write the model cache at %s: %s", entry, e)
 
@@ -214,17 +217,22 @@ def cached_gguf_stream(source: Path, dtype: torch.dtype) -> Optional[tuple[Model
     return arch, tensors()
 
 
-def cached_gguf_tokenizer(source: Path, load: Callable[[], Any]) -> Any:
+def cached_gguf_tokenizer(source: Path, write: Callable[[Path], None]) -> Any:
+    """The tokenizer of GGUF file `source`, from its cache entry; `write(folder)` fills one when there is none
+    (where the cache is off or unwritable, a temporary folder)."""
     entry = _entry(source, "tokenizer")
     if entry is not None and (entry / "tokenizer_config.json").exists():
         try:
             return _saved_tokenizer(entry)
         except (OSError, ValueError, TypeError) as e:
             logger.debug("ignoring unreadable tokenizer cache %s: %s", entry, e)
-    tokenizer = load()
     if entry is not None:
-        _store(entry, lambda d: tokenizer.save_pretrained(str(d)))
-    return tokenizer
+        _store(entry, write)
+        if (entry / "tokenizer_config.json").exists():
+            return _saved_tokenizer(entry)
+    with tempfile.TemporaryDirectory(prefix="vlite-tokenizer-") as folder:
+        write(Path(folder))
+        return _saved_tokenizer(Path(folder))
 
 
 # bookkeeping keys save_pretrained writes that are not constructor arguments of the tokenizer

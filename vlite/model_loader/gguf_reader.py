@@ -191,3 +191,15 @@ class GGUFReader:
         else:
             view = self.data[begin:begin + n_bytes].view(item).reshape(np_dims)
         return GGUFTensor(name, ttype, dims, n_elements, n_bytes, begin, view)
+
+
+def transformers_metadata(fields: dict[str, GGUFField], string_arrays: Any = ()) -> dict[str, Any]:
+    """The header's values as transformers' own GGUF reader gives them (`read_gguf_metadata`): scalars and
+    numeric arrays as Python values, string arrays as their length unless named in `string_arrays`."""
+    out: dict[str, Any] = {}
+    for name, f in fields.items():
+        if f.types[0] == GGUFValueType.ARRAY and f.types[-1] == GGUFValueType.STRING and name not in string_arrays:
+            out[name] = len(f)
+        else:
+            out[name] = f.contents()
+    return out
