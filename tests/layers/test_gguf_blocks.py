@@ -12,7 +12,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from vlite.layers.gguf_blocks import COMPACT
-from vlite.layers.packed import PackedTensors
+from vlite.layers.packed import PackedTensors, StackedPacked
 from vlite.model_loader.gguf_quants import to_packed
 
 T = gguf.GGMLQuantizationType
@@ -88,6 +88,21 @@ def test_rows_same_bits_in_any_step_size(ops, name):
         alone = torch.cat([ops.quant_linear(x[i:i + 1], *args, None, precise) for i in range(25)])
         for m in (2, 3, 8, 9, 16, 17, 25):
             assert torch.equal(ops.quant_linear(x[:m], *args, None, precise), alone[:m]), (m, dtype, precise)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_stacked_parts_tile_as_their_cat(name):
+    """Fused QKV / gate-up of one GGUF type: each part tiled into its own rows of one buffer gives the bytes
+    of the parts' row-major concatenation tiled; parts that end inside a tile are concatenated instead."""
+    k = 512
+    parts = [to_packed(random_gguf(name, n, k, seed=n), T[name], (n, k)) for n in (64, 16, 32)]
+    stacked = StackedPacked.stack(parts)
+    assert isinstance(stacked, StackedPacked) and stacked.shape == (112, k)
+    a, b = stacked.tiled(), PackedTensors.cat(parts).tiled()
+    assert torch.equal(a.qt, b.qt) and torch.equal(a.scales, b.scales) and (a.fmt, a.sub, a.n) == (b.fmt, b.sub, b.n)
+    assert torch.equal(stacked.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    odd = [parts[0], to_packed(random_gguf(name, 24, k, seed=1), T[name], (24, k))]
+    assert isinstance(StackedPacked.stack(odd), PackedTensors)
 
 
 def test_rows_cols_and_cat_keep_the_blocks():

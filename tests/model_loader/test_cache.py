@@ -49,3 +49,40 @@ def test_cache_roundtrip(tmp_path, monkeypatch, hf_tokenizer):
         assert isinstance(w["model.layers.0.mlp.down_proj.weight"], PackedTensors)  # Q4_1 blocks kept
         same_tokenizer(tok, tok0)
     assert len(list(tmp_path.iterdir())) == 2
+
+
+def _mapped_rss(path) -> int:
+    """Bytes of `path`'s mappings resident in this process."""
+    total, current = 0, None
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if head and "-" in head[0] and ":" not in head[0]:
+            current = head[5] if len(head) > 5 else None
+        elif head and head[0] == "Rss:" and current == str(path):
+            total += int(head[1]) * 1024
+    return total
+
+
+def test_cache_file_tensors_are_mapped_and_give_their_pages_back(tmp_path):
+    """A cache entry's tensors are views of one map of its file (any dtype, read back equal and writable, as
+    safetensors' own copy-on-write map gives them); a packed weight's pages leave the process once it is tiled
+    (weight_arena.release_file_pages), as the GGUF file's own do."""
+    from safetensors.torch import save_file
+
+    from vlite.layers import weight_arena
+    from vlite.model_loader.cache import _mapped_safetensors
+
+    path = tmp_path / "model.safetensors"
+    big = torch.randint(0, 256, (1024, 4096), dtype=torch.uint8)
+    small = {"norm": torch.randn(7), "half": torch.randn(3, 5).bfloat16(), "idx": torch.arange(9)}
+    save_file({"w::qs": big, **small}, str(path), metadata={"w": "{}"})
+    tensors, metadata = _mapped_safetensors(str(path))
+    assert metadata == {"w": "{}"} and set(tensors) == {"w::qs", *small}
+    for name, t in small.items():
+        assert torch.equal(tensors[name], t) and tensors[name].dtype == t.dtype
+    tensors["norm"].add_(1)  # copy-on-write: the file is not changed
+    assert torch.equal(_mapped_safetensors(str(path))[0]["norm"], small["norm"])
+    assert torch.equal(tensors["w::qs"], big) and _mapped_rss(path) >= big.numel() * 0.9
+    weight_arena.release_file_pages(tensors["w::qs"])
+    assert _mapped_rss(path) <= 16 * 1024
+    assert torch.equal(tensors["w::qs"], big)  # read again from the page cache

@@ -63,7 +63,7 @@ for name, module in runner.model.named_modules():
     for n, x in tensors:
         if x.is_floating_point() and x.numel() > largest_float[1]:
             largest_float = (f"{name}.{n}", x.numel())
-file_rss = 0
+file_rss = cache_rss = 0
 smaps = open("/proc/self/smaps").read().split("\n")
 current = None
 for line in smaps:
@@ -72,7 +72,10 @@ for line in smaps:
         current = head[5] if len(head) > 5 else None
     elif head and head[0] == "Rss:" and current == path:
         file_rss += int(head[1]) * 1024
+    elif head and head[0] == "Rss:" and current and current.endswith("model.safetensors"):
+        cache_rss += int(head[1]) * 1024
 print(json.dumps({"baseline": baseline, "peak": status("VmHWM"), "tiled": sum(held.values()), "file_rss": file_rss,
+                  "cache_rss": cache_rss,
                   "largest_float": largest_float, "kv": sum(c.numel() * c.element_size() for c in runner.kv_caches),
                   "tokens": len(out[0].outputs[0].token_ids)}))
 """
@@ -103,6 +106,8 @@ def test_q4_k_m_file_loads_through_the_map_once(tmp_path):
         # the weights once, at the file's size: tiles of 16 rows pad the few matrices whose rows are not a multiple
         assert quantized * 0.95 <= got["tiled"] <= quantized * 1.05, (run, got, quantized)
         assert got["file_rss"] <= 4 * 2**20, (run, got)  # the file's pages were given back after tiling
+        # and so are those of the weights the cache holds (Q/K rows reordered for rotary; test_cache.py)
+        assert got["cache_rss"] <= 2**20, (run, got)
         assert got["largest_float"][1] <= 256, (run, got["largest_float"])  # norms only: no float matrix
         size = q4km.stat().st_size
         # + the engine's own: its tokenizer, step buffers, Python objects (~100 MB here, whatever the file size)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from vlite import _custom_ops
-from vlite.layers.packed import PackedTensors
+from vlite.layers.packed import PackedTensors, StackedPacked
 from vlite.layers.quantization import ConcatLinear, QuantizationPlan, make_linear
 
 Weight = torch.Tensor | PackedTensors
@@ -21,7 +21,7 @@ def param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.contiguous(), requires_grad=False)
 
 
-def fuse_rows(parts: list[Weight]) -> Weight | list[PackedTensors]:
+def fuse_rows(parts: list[Weight]) -> Weight | StackedPacked | list[PackedTensors | StackedPacked]:
     """Stack weights along rows (fused QKV, gate/up): packed when every part shares one layout; packed
     parts of mixed GGUF types (Q4_K_M's Q4_K q/k and Q6_K v) as a list of row groups, one per run of
     parts with one layout (linear_weight runs them as a ConcatLinear); dense otherwise."""
@@ -32,7 +32,7 @@ def fuse_rows(parts: list[Weight]) -> Weight | list[PackedTensors]:
                 groups[-1].append(p)
             else:
                 groups.append([p])
-        fused = [PackedTensors.cat(g) for g in groups]
+        fused = [StackedPacked.stack(g) for g in groups]
         return fused[0] if len(fused) == 1 else fused
     return torch.cat([p.dequantize() if isinstance(p, PackedTensors) else p.float() for p in parts])
 
@@ -43,7 +43,7 @@ def fast_ops(plan: QuantizationPlan) -> Any:
     return _custom_ops.load() if plan.method is not None else None
 
 
-def linear_weight(w: Weight | list[PackedTensors], plan: QuantizationPlan, dtype: torch.dtype, head: bool = False
+def linear_weight(w: Weight | StackedPacked | list[PackedTensors | StackedPacked], plan: QuantizationPlan, dtype: torch.dtype, head: bool = False
                   ) -> nn.Module | nn.Parameter:
     """The weight `vlite.layers.quantization.linear` multiplies by: a QuantizedLinear (a ConcatLinear of
     them for fuse_rows' row groups) or a dense parameter."""

@@ -31,7 +31,7 @@ from torch import nn
 
 from vlite import _custom_ops
 from vlite.config import QUANTIZATION_METHODS
-from vlite.layers.packed import QK, PackedTensors, TiledTensors
+from vlite.layers.packed import QK, PackedTensors, StackedPacked, TiledTensors
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class QuantizedLinear(nn.Module):
     """y = x @ dequant(W).T from packed blocks (a bias is added by `linear`), read by the kernels in
     their row-tiled layout (the row-major PackedTensors is not kept)."""
 
-    def __init__(self, packed: PackedTensors, dtype: torch.dtype, dense_above: Optional[int] = None,
+    def __init__(self, packed: PackedTensors | StackedPacked, dtype: torch.dtype, dense_above: Optional[int] = None,
                  keep_dense: bool = False, precise: Optional[bool] = None) -> None:
         super().__init__()
         self.out_features, self.in_features = packed.shape
@@ -219,13 +219,13 @@ def plan_quantization(requested: Optional[str], source_quantization: Optional[st
     return QuantizationPlan(None)
 
 
-def make_linear(weight: Union[torch.Tensor, PackedTensors], plan: QuantizationPlan, dtype: torch.dtype,
+def make_linear(weight: Union[torch.Tensor, PackedTensors, StackedPacked], plan: QuantizationPlan, dtype: torch.dtype,
                 head: bool = False) -> LinearWeight:
     """The layer's weight as the plan says: dense [N, K] in `dtype`, or a QuantizedLinear.
 
     `head`: the LM head, which --quantization int4 keeps at int8 (the most sensitive matrix).
     """
-    packed = weight if isinstance(weight, PackedTensors) else None
+    packed = weight if isinstance(weight, (PackedTensors, StackedPacked)) else None
     if plan.method is None or (plan.method == "gguf" and packed is None):
         return _dense(weight, dtype)
     if plan.method in QUANTIZATION_METHODS:
@@ -250,8 +250,8 @@ def dequantize_packed(packed: PackedTensors | TiledTensors, dtype: torch.dtype,
     return kernels.dequantize(t.qt, t.scales, t.mins, t.fmt, t.sub, t.n, dtype, out=out)
 
 
-def _dense(weight: Union[torch.Tensor, PackedTensors], dtype: torch.dtype) -> torch.Tensor:
-    if isinstance(weight, PackedTensors):
+def _dense(weight: Union[torch.Tensor, PackedTensors, StackedPacked], dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(weight, (PackedTensors, StackedPacked)):
         return dequantize_packed(weight, torch.float32).to(dtype)
     return weight.to(dtype).contiguous()
 

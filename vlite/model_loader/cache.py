@@ -117,6 +117,40 @@ class _SourceMap:
         return readonly_view(self._map[start:start + rows * cols].reshape(rows, cols))
 
 
+_SAFETENSORS_DTYPES = {"U8": "uint8", "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64", "F16": "float16",
+                       "BF16": "bfloat16", "F32": "float32", "F64": "float64", "BOOL": "bool"}
+
+
+def _mapped_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A cache entry's tensors as views of one (copy-on-write) memory map of its safetensors file, registered with the
+    weight arena: packed weights stored here (GGUF Q/K rows reordered for rotary: 189 MB for the 3B shape) give
+    their pages back once tiled, as the GGUF file's own do (safetensors' reader kept them resident)."""
+    import numpy as np
+    import torch
+
+    from vlite.layers import weight_arena
+    from vlite.model_loader.gguf_quants import readonly_view
+
+    data = np.memmap(path, mode="c")  # copy-on-write, as safetensors' own map: a model may adjust a weight in place
+    size = int.from_bytes(data[:8].tobytes(), "little")
+    if not 0 < size <= data.size - 8:
+        raise ValueError(f"{path}: not a safetensors file (header size {size})")
+    header = json.loads(data[8:8 + size].tobytes())
+    metadata = header.pop("__metadata__", None) or {}
+    weight_arena.register_file_map(data, path)
+    out = {}
+    for name, info in header.items():
+        dtype = getattr(torch, _SAFETENSORS_DTYPES[info["dtype"]])
+        lo, hi = info["data_offsets"]
+        if not 0 <= lo <= hi <= data.size - 8 - size:
+            raise ValueError(f"{path}: tensor {name} lies past the end of the file")
+        raw = data[8 + size + lo:8 + size + hi]
+        if (8 + size + lo) % torch.empty((), dtype=dtype).element_size():
+            raw = np.array(raw)  # unaligned for its dtype (safetensors aligns them): a copy
+        out[name] = readonly_view(raw).view(dtype).reshape(info["shape"])
+    return out, metadata
+
+
 def _packed(spec: dict[str, Any], get: Callable[[str], Any], source: _SourceMap) -> Any:
     from vlite.layers.packed import PackedTensors
 
@@ -157,17 +191,13 @@ def cached_arch(source: Path) -> Optional[ModelArchConfig]:
 def cached_gguf_weights(source: Path, dtype: torch.dtype,
                         load: Callable[[], tuple[ModelArchConfig, dict[str, Any]]]
                         ) -> tuple[ModelArchConfig, dict[str, Any]]:
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     entry = _entry(source, str(dtype).replace("torch.", ""))
     if entry is not None and (entry / "model.safetensors").exists():
         try:
             arch = _read_arch(entry)
-            path = str(entry / "model.safetensors")
-            with safe_open(path, framework="pt") as f:
-                layouts = f.metadata() or {}
-            return arch, _unflatten(load_file(path), layouts, source)
+            return arch, _unflatten(*_mapped_safetensors(str(entry / "model.safetensors")), source)
         except (OSError, ValueError, TypeError, KeyError) as e:
             logger.debug("ignoring unreadable model cache %s: %s", entry, e)
     arch, weights = load()
@@ -184,35 +214,28 @@ def cached_gguf_weights(source: Path, dtype: torch.dtype,
 def cached_gguf_stream(source: Path, dtype: torch.dtype) -> Optional[tuple[ModelArchConfig, Iterator[tuple[str, Any]]]]:
     """The cached conversion's config and its weights one at a time (each read from the file when
     its turn comes), or None where there is no readable entry."""
-    from safetensors import safe_open
-
     entry = _entry(source, str(dtype).replace("torch.", ""))
     if entry is None or not (entry / "model.safetensors").exists():
         return None
     try:
         arch = _read_arch(entry)
-        path = str(entry / "model.safetensors")
-        with safe_open(path, framework="pt") as f:
-            layouts = f.metadata() or {}
+        stored, layouts = _mapped_safetensors(str(entry / "model.safetensors"))
     except (OSError, ValueError, TypeError, KeyError) as e:
         logger.debug("ignoring unreadable model cache %s: %s", entry, e)
         return None
 
     def tensors() -> Iterator[tuple[str, Any]]:
         mapped = _SourceMap(source)
-        with safe_open(path, framework="pt") as f:
-            keys = set(f.keys())
-            for name in f.keys():
-                base, _, part = name.partition("::")
-                if not part:
-                    yield name, f.get_tensor(name)
-                elif part == "qs":
-                    yield base, _packed(json.loads(layouts[base]), lambda p, b=base: f.get_tensor(f"{b}::{p}")
-                                        if f"{b}::{p}" in keys else None, mapped)
-            for name, layout in layouts.items():  # the GGUF file's own blocks, by offset
-                spec = json.loads(layout)
-                if "offset" in spec:
-                    yield name, _packed(spec, lambda p: None, mapped)
+        for name in list(stored):
+            base, _, part = name.partition("::")
+            if not part:
+                yield name, stored.pop(name)
+            elif part == "qs":
+                yield base, _packed(json.loads(layouts[base]), lambda p, b=base: stored.pop(f"{b}::{p}", None), mapped)
+        for name, layout in layouts.items():  # the GGUF file's own blocks, by offset
+            spec = json.loads(layout)
+            if "offset" in spec:
+                yield name, _packed(spec, lambda p: None, mapped)
 
     return arch, tensors()
 
