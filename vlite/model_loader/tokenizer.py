@@ -73,11 +73,19 @@ def write_gguf_tokenizer(path: Path, folder: Path) -> None:
     per-family rules) and `convert_gguf_tokenizer`. Only the metadata comes from vlite's header reader instead of
     transformers' (1.6 s for a 128k vocabulary against 0.2 s), and the result is saved by `tokenizers` itself
     rather than ``save_pretrained`` (which makes an ``AddedToken`` of every added token)."""
-    import transformers.integrations.gguf.reader as hf_reader
-    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
-
     from vlite.model_loader.gguf_loader import open_gguf
 
+    try:
+        import transformers.integrations.gguf.reader as hf_reader
+        from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+    except ImportError:  # an older transformers: AutoTokenizer's own load of the file, saved as it saves it
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        if not getattr(tokenizer, "chat_template", None):
+            tokenizer.chat_template = _gguf_chat_template(open_gguf(path).fields)
+        tokenizer.save_pretrained(str(folder))
+        return
     reader = open_gguf(path)
     fields = reader.fields
 
@@ -116,6 +124,8 @@ def _class_special_tokens(fields: dict[str, Any]) -> dict[str, Any]:
 
     arch = fields.get("general.architecture")
     class_name = TOKENIZER_MAPPING_NAMES.get(arch.contents()) if arch is not None else None
+    if isinstance(class_name, tuple):  # (slow, fast) names
+        class_name = class_name[-1] or class_name[0]
     cls = tokenizer_class_from_name(class_name) if class_name else None
     if cls is None:
         return {}
