@@ -5,7 +5,13 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:  # the loaded facts' types; this module stays import-light (the API process loads no torch)
+    import torch
+
+    from vlite.layers.quantization import QuantizationPlan
+    from vlite.model_loader import ModelArchConfig, ResolvedModel
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Weight-only methods of vlite.layers.quantization; "none" forces dense weights.
@@ -298,3 +304,22 @@ class VliteConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     speculative_config: Optional[SpeculativeConfig] = None
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
+
+
+@dataclass
+class LoadedEngineConfig:
+    """Configs plus the facts found while loading (not written back into the frozen configs)."""
+
+    config: VliteConfig
+    resolved: ResolvedModel
+    arch: ModelArchConfig
+    weights: dict[str, torch.Tensor] = field(repr=False)
+    torch_dtype: torch.dtype
+    quantization: QuantizationPlan
+    num_kv_blocks: int
+    eos_token_ids: tuple[int, ...]
+    device: str = "cpu"  # where the model runs: "cpu" or "cuda" (DeviceConfig.resolve)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.config.cache_config.block_size

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Optional
 
-from vlite.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig,
-                          VliteConfig, cpu_supports_bf16, resolve_dtype_name)
+from vlite.config import (CacheConfig, DeviceConfig, LoadedEngineConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                          SpeculativeConfig, VliteConfig, cpu_supports_bf16, resolve_dtype_name)
 from vlite.model_loader import (ModelArchConfig, ResolvedModel, gguf_linear_type, load_model_arch, load_model_weights,
                                 resolve_model)
 
@@ -175,20 +175,3 @@ def _log_longrope(arch: ModelArchConfig, max_model_len: int) -> None:
                     max_model_len, orig, orig, arch.longest_context)
 
 
-@dataclass
-class LoadedEngineConfig:
-    """Configs plus the facts found while loading (not written back into the frozen configs)."""
-
-    config: VliteConfig
-    resolved: ResolvedModel
-    arch: ModelArchConfig
-    weights: dict[str, torch.Tensor] = field(repr=False)
-    torch_dtype: torch.dtype
-    quantization: QuantizationPlan
-    num_kv_blocks: int
-    eos_token_ids: tuple[int, ...]
-    device: str = "cpu"  # where the model runs: "cpu" or "cuda" (DeviceConfig.resolve)
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.num_kv_blocks * self.config.cache_config.block_size

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.sched.output import EngineCoreOutput, SchedulerOutput
 from vlite.core.sched.scheduler import Scheduler, SchedulerStats
-from vlite.engine.arg_utils import LoadedEngineConfig
 from vlite.engine.input_processor import EngineCoreRequest
 from vlite.executor import Executor, ExecutorDeadError
 from vlite.profiler import section
 from vlite.request import FinishReason, Request, RequestStatus
-from vlite.worker.model_runner import ModelRunner
 
 if TYPE_CHECKING:
+    from vlite.config import LoadedEngineConfig
     from vlite.structured_output.manager import StructuredOutputManager
+    from vlite.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
-    from vlite.engine.arg_utils import LoadedEngineConfig
+    from vlite.config import LoadedEngineConfig
     from vlite.structured_output.manager import GrammarOutput
 
 

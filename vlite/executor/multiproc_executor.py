@@ -32,7 +32,7 @@ from vlite.worker.worker import run_worker
 
 if TYPE_CHECKING:
     from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
-    from vlite.engine.arg_utils import LoadedEngineConfig
+    from vlite.config import LoadedEngineConfig
     from vlite.structured_output.manager import GrammarOutput
 
 logger = logging.getLogger("vlite")

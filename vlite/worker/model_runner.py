@@ -36,6 +36,7 @@ from vlite.worker.device_inputs import DeviceInputs
 from vlite.worker.input_batch import InputBatch
 
 if TYPE_CHECKING:
+    from vlite.config import LoadedEngineConfig
     from vlite.structured_output.manager import GrammarOutput
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,18 @@ MEASURED_VERIFY_TOKENS = 16
 
 class ModelRunner:
     device = torch.device("cpu")  # set per instance in __init__
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedEngineConfig) -> ModelRunner:
+        """The runner of `loaded`'s model (whatever part of it `loaded.arch` and `loaded.weights` hold), as every
+        executor builds it: in the engine-core process or in each tensor-parallel worker."""
+        cfg = loaded.config
+        if cfg.device_config.num_threads is not None:  # --threads / VLITE_NUM_THREADS: this process's pool
+            torch.set_num_threads(cfg.device_config.num_threads)
+        return cls(loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks, cfg.cache_config.block_size,
+                   cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids,
+                   loaded.quantization, cfg.speculative_config, device=loaded.device,
+                   enforce_eager=cfg.device_config.enforce_eager)
 
     def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 if TYPE_CHECKING:
     import torch
 
-    from vlite.engine.arg_utils import LoadedEngineConfig
+    from vlite.config import LoadedEngineConfig
 
 logger = logging.getLogger("vlite.worker")
 
@@ -106,15 +106,15 @@ class Worker:
         import torch
 
         from vlite.distributed.parallel_state import init_tp_group
-        from vlite.executor.uniproc_executor import build_model_runner
+        from vlite.worker.model_runner import ModelRunner
 
         if loaded.config.device_config.num_threads is None and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # the ranks share the cores
-        # (--threads: build_model_runner sets each rank's own)
+        # (--threads: ModelRunner.from_loaded sets each rank's own)
         self.rank = rank
         if world_size > 1:
             init_tp_group(rank, world_size, init_method)
-        self.runner = build_model_runner(load_shard(loaded, rank, world_size))
+        self.runner = ModelRunner.from_loaded(load_shard(loaded, rank, world_size))
         self._pending_error: Optional[str] = None
 
     def info(self) -> dict[str, Any]:
