@@ -177,7 +177,7 @@ class SpeculativeConfig:
     # When neither bound is given: vLLM's (5, 5) for draft_policy "always", where every match drafts; with the
     # adaptive policy, which learns how right each matched length's drafts are and drafts none where they
     # do not pay, (2, 4), which finds a copy again 3 tokens sooner after an edit: copy prompts 1.90x -> 2.17x
-    # (k = 8, 2 Zen 4 cores, docs/benchmarks.md); only the speed differs, never the outputs.
+    # (k = 8, 2 Zen 4 cores, docs/perf-log.md); only the speed differs, never the outputs.
     DEFAULT_PROMPT_LOOKUP = {"always": (5, 5), "adaptive": (2, 4)}
     DEFAULT_MAX_VERIFY_TOKENS = 16
 
@@ -289,7 +289,7 @@ def resolve_dtype_name(model_config: ModelConfig, device: str, integer_kernels: 
     The kernels quantize activations to int8 whatever their dtype, so on an AVX2 CPU bf16 costs
     nothing there and halves the KV cache; float32 activations would carry an int8 residual row that
     doubles the integer work of every multi-token step (AVX2 path, default model: wl32 +10-15%,
-    speculative copy decoding +16-19%; docs/benchmarks.md). Dense models stay float32 there: a
+    speculative copy decoding +16-19%; docs/perf-log.md). Dense models stay float32 there: a
     dense bf16 GEMM without native bf16 is emulated."""
     if model_config.dtype == "auto" and (device == "cuda" or integer_kernels):
         return "bfloat16"

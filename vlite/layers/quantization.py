@@ -12,7 +12,7 @@ docs/benchmarks.md. The LM head is kept at 8 bits at most: it is the most sensit
 
 Every step runs on the integer kernels, prefills included: with the row-tiled kernels, int8 dot
 products beat torch's dense bf16 and float32 GEMMs (oneDNN/MKL) at every batch size measured (1 to
-512 rows, docs/benchmarks.md "kernel crossover"), and no dense copy is kept. A plan may still set
+512 rows, docs/perf-log.md "kernel crossover"), and no dense copy is kept. A plan may still set
 `dense_above` (steps of more tokens multiply by a dense copy, kept with `keep_dense` or dequantized
 for that step), e.g. for CPUs whose matrix units make dense GEMMs faster. Without the C++ kernels
 the layer keeps only the dense weight, so a model always loads.

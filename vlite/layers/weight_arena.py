@@ -4,7 +4,7 @@ A decode step reads every weight once (~96 MB for SmolLM2-135M Q4_1): with 4 KiB
 ~24,000 pages, far more than the TLB holds, so the pass pays page walks and the hardware prefetchers
 stop at every 4 KiB boundary. Weights copied into 2 MiB-aligned anonymous memory advised
 MADV_HUGEPAGE get 2 MiB pages where the kernel allows them (`enabled` = always or madvise): the
-same pass measured 3.49 vs 4.00 ms for the 121 linear layers of a 1-token step (docs/benchmarks.md).
+same pass measured 3.49 vs 4.00 ms for the 121 linear layers of a 1-token step (docs/perf-log.md).
 
 `place(t)` copies a tensor into the current chunk (64 MiB of address space, backed as it is
 written) and returns the copy; a chunk is unmapped when no tensor in it is left. Elsewhere (no

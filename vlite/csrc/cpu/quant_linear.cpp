@@ -42,7 +42,7 @@ constexpr int64_t kActivationBlockBytes = 64 * 1024;  // int8 activation rows pe
 // by reading the weights: the extra products are nearly free); longer steps (prefill chunks, large
 // decode batches) are bound by the integer arithmetic, which the residual doubles: there a single
 // int8 row measured 98.4% top-1 agreement with float32 against 100% (AVX2 path), for 0.6x the time
-// to first token and 1.17x the wl32 throughput (docs/benchmarks.md).
+// to first token and 1.17x the wl32 throughput (docs/perf-log.md).
 constexpr int64_t kPreciseMaxRows = 8;
 // When >= 0, the row count the rule above goes by instead of a call's own (set_precise_rows): a
 // speculative verify step's rows less its drafts, so that a request's rows get the residual exactly
