@@ -15,6 +15,7 @@ results as a dict, so tests and scripts can call it without the command line.
     scheduler     the pure-Python Scheduler + KVCacheManager alone, with a fake model: µs per step
     serve         online: streamed requests against a running `vlite serve` at a request rate; TTFT, TPOT,
                   ITL, E2E percentiles and throughput (vllm bench serve's report)
+    startup       fresh processes: import, LLM(model), first token and peak RSS, first time and cached
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "prefix-cache": "vlite.benchmarks.prefix_cache",
     "scheduler": "vlite.benchmarks.scheduler",
     "serve": "vlite.benchmarks.serve",
+    "startup": "vlite.benchmarks.startup",
 }
 
 
