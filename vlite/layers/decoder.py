@@ -28,7 +28,7 @@ from vlite.layers.moe import feed_forward
 from vlite.layers.packed import PackedTensors, TiledTensors
 from vlite.layers.quantization import QuantizationPlan, linear, make_linear
 from vlite.layers.rotary_embedding import RotaryEmbedding
-from vlite.model_loader.arch_config import ModelArchConfig
+from vlite.model_arch import ModelArchConfig
 
 
 class DecoderLayer(nn.Module):
