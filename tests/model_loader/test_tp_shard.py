@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from vlite.distributed.tp_shard import plan_tp, shard_arch, shard_weight
 from vlite.layers.packed import PackedTensors
 from vlite.layers.quantization import quantize_int4, quantize_int8
 from vlite.model_arch import ModelArchConfig
 from vlite.model_loader.hf_config import arch_from_hf_config
+from vlite.model_loader.tp_shard import plan_tp, shard_arch, shard_weight
 
 
 def _arch(**overrides: Any) -> ModelArchConfig:
