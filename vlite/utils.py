@@ -1,6 +1,9 @@
-"""Small array helpers shared by the runner, the samplers and the attention backends."""
+"""Small helpers shared across packages: arrays (the runner, the samplers, the attention backends), id lists
+(the config parsers)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -10,3 +13,13 @@ def group_offsets(counts: np.ndarray) -> np.ndarray:
     [2, 3] -> [0, 1, 0, 1, 2] (a request's tokens within the step, a row within its request's rows)."""
     counts = np.asarray(counts, dtype=np.int64)
     return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def extend_ids(out: list[int], value: Any) -> None:
+    """Append an int or list of ints (a config's ``eos_token_id``) to ``out``, keeping order and skipping duplicates."""
+    if value is None:
+        return
+    values = value if isinstance(value, (list, tuple)) else [value]
+    for v in values:
+        if v is not None and int(v) not in out:
+            out.append(int(v))

@@ -12,13 +12,14 @@ import torch.nn.functional as F
 
 from vlite.layers.moe import SparseMoE
 from vlite.layers.quantization import QuantizationPlan
-from vlite.model_loader import ModelArchConfig
+from vlite.model_arch import ModelArchConfig
+from vlite.model_loader.hf_config import arch_from_hf_config
 
 HIDDEN, WIDTH, EXPERTS = 64, 32, 8
 
 
 def _config(top_k: int, renormalize: bool) -> ModelArchConfig:
-    return ModelArchConfig.from_hf_config({
+    return arch_from_hf_config({
         "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 32, "hidden_size": HIDDEN, "intermediate_size": 128,
         "num_hidden_layers": 1, "num_attention_heads": 4, "num_experts": EXPERTS, "num_experts_per_tok": top_k,
         "moe_intermediate_size": WIDTH, "norm_topk_prob": renormalize})

@@ -1,4 +1,4 @@
-"""Fast checks: safetensors folders, resolve_model errors, config parsing, Q/K permutation."""
+"""Fast checks: safetensors folders, resolve_model errors, Q/K permutation."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vlite.model_loader import LlamaArchConfig, load_model_weights, resolve_model
-from vlite.model_loader.arch_config import llama3_factors, llama3_rope_from_factors
+from vlite.model_loader import load_model_weights, resolve_model
 from vlite.model_loader.gguf_loader import gguf_to_hf_name, unpermute_qk
 
 
@@ -75,27 +74,6 @@ def test_hf_folder_roundtrip(tmp_path: Path, tie: bool) -> None:
     assert all(t.dtype == torch.float16 for t in w16.values())
 
 
-def test_legacy_hf_config_keys() -> None:
-    base = {
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": 10,
-        "hidden_size": 8,
-        "intermediate_size": 16,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "rms_norm_eps": 1e-6,
-        "eos_token_id": [5, 6],
-        "rope_theta": 1234.0,
-        "rope_scaling": {"type": "linear", "factor": 2.0},
-    }
-    cfg = LlamaArchConfig.from_hf_config(base, {"eos_token_id": 9})
-    assert cfg.num_key_value_heads == 2 and cfg.head_dim == 4
-    assert cfg.rope_theta == 1234.0 and cfg.rope_scaling == {"rope_type": "linear", "factor": 2.0}
-    assert cfg.eos_token_ids == (5, 6, 9) and cfg.bos_token_id is None
-    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
-        LlamaArchConfig.from_hf_config({**base, "architectures": ["GPT2LMHeadModel"]})
-
-
 def test_unsupported_architecture_folder(tmp_path: Path) -> None:
     folder = tmp_path / "m"
     folder.mkdir()
@@ -158,20 +136,3 @@ def test_gguf_names() -> None:
     assert gguf_to_hf_name("output_norm.weight") == "model.norm.weight"
     assert gguf_to_hf_name("token_embd.weight") == "model.embed_tokens.weight"
     assert gguf_to_hf_name("blk.0.ffn_gate_exps.weight") is None
-
-
-def test_llama3_rope_recovered_from_gguf_factors() -> None:
-    params = {
-        "rope_type": "llama3",
-        "factor": 32.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    }
-    factors = llama3_factors(500000.0, 64, params)
-    fitted = llama3_rope_from_factors(factors, 500000.0, 64, 8192)
-    assert fitted is not None
-    assert fitted["factor"] == 32.0
-    assert fitted["low_freq_factor"] == pytest.approx(1.0, rel=1e-6)
-    assert fitted["high_freq_factor"] == pytest.approx(4.0, rel=1e-6)
-    assert llama3_rope_from_factors(np.ones(32), 500000.0, 64, 8192) is None

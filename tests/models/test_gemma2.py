@@ -75,6 +75,7 @@ def test_gguf_query_scale_and_defaults(tmp_path: Path) -> None:
     a file without window or soft-cap keys (converted before the converter wrote them) gets Gemma 2's."""
     import gguf
 
+    from vlite.model_loader.gguf_config import arch_from_gguf_metadata
     from vlite.model_loader.gguf_reader import GGUFReader
 
     def config(n_layers: int, window: int | None = 1024) -> ModelArchConfig:
@@ -90,7 +91,7 @@ def test_gguf_query_scale_and_defaults(tmp_path: Path) -> None:
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        return ModelArchConfig.from_gguf_metadata(GGUFReader(str(tmp_path / f"{n_layers}-{window}.gguf")))
+        return arch_from_gguf_metadata(GGUFReader(str(tmp_path / f"{n_layers}-{window}.gguf")))
 
     assert config(46).query_pre_attn_scalar == 4608 / 32 and config(42).query_pre_attn_scalar == 128
     given, unsaid = config(42), config(42, None)

@@ -96,10 +96,11 @@ def test_gguf_layer_pattern_and_query_scale(tmp_path: Path) -> None:
     for the 27B (62 layers); no window key, no sliding layers."""
     import gguf
 
-    from vlite.model_loader.arch_config import ModelArchConfig
+    from vlite.model_arch import ModelArchConfig
+    from vlite.model_loader.gguf_config import arch_from_gguf_metadata
 
     def config(path: Path) -> ModelArchConfig:
-        return ModelArchConfig.from_gguf_metadata(GGUFReader(str(path)))
+        return arch_from_gguf_metadata(GGUFReader(str(path)))
 
     default = config(_gguf_header(tmp_path / "a.gguf", 7, 512))
     assert default.layer_windows == (512,) * 5 + (0, 512) and default.query_pre_attn_scalar == 128
@@ -117,8 +118,8 @@ def test_gguf_end_of_turn_and_chat_template(tmp_path: Path) -> None:
     with its own keeps it; an end-of-turn id the file names is taken as is."""
     import gguf
 
-    from vlite.model_loader.arch_config import ModelArchConfig
     from vlite.model_loader.chat_templates import GEMMA3_CHAT_TEMPLATE
+    from vlite.model_loader.gguf_config import arch_from_gguf_metadata
     from vlite.model_loader.tokenizer import _gguf_chat_template
 
     tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<end_of_turnx>", "<start_of_turn>", "<end_of_turn>", "a"]
@@ -142,7 +143,7 @@ def test_gguf_end_of_turn_and_chat_template(tmp_path: Path) -> None:
         return path
 
     def eos(path: Path) -> tuple[int, ...]:
-        return ModelArchConfig.from_gguf_metadata(GGUFReader(str(path))).eos_token_ids
+        return arch_from_gguf_metadata(GGUFReader(str(path))).eos_token_ids
 
     def template(path: Path) -> str | None:
         return _gguf_chat_template(GGUFReader(str(path)).fields)

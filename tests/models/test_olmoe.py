@@ -12,7 +12,8 @@ import torch
 
 from tests.models import tiny
 from vlite.layers.moe import SparseMoE
-from vlite.model_loader import ModelArchConfig, load_model_weights, resolve_model
+from vlite.model_loader import load_model_weights, resolve_model
+from vlite.model_loader.hf_config import arch_from_hf_config
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +36,9 @@ def test_config_from_hf_folder(folder: Path) -> None:
 
 def test_clip_qkv_is_refused() -> None:
     with pytest.raises(ValueError, match="clip_qkv"):
-        ModelArchConfig.from_hf_config({"architectures": ["OlmoeForCausalLM"], "vocab_size": 32, "hidden_size": 16,
-                                        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                        "num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 8.0})
+        arch_from_hf_config({"architectures": ["OlmoeForCausalLM"], "vocab_size": 32, "hidden_size": 16,
+                             "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+                             "num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 8.0})
 
 
 def test_hf_folder_matches_transformers(folder: Path, prompt_ids: list[list[int]], refs: list[Any]) -> None:

@@ -17,7 +17,8 @@ import torch
 
 from tests.e2e.prompts import prompts_of_lengths
 from tests.models import tiny
-from vlite.model_loader import ModelArchConfig, load_model_weights, resolve_model
+from vlite.model_loader import load_model_weights, resolve_model
+from vlite.model_loader.hf_config import arch_from_hf_config
 
 WINDOW = 100  # shorter than the longest prompts: the window changes their outputs
 
@@ -74,7 +75,7 @@ def test_packed_fused_weights_split(hf_model: Any) -> None:
     from vlite.model_loader.gguf_quants import to_packed
     from vlite.models.phi3 import split_fused
 
-    cfg = ModelArchConfig.from_hf_config(hf_model.config.to_dict())
+    cfg = arch_from_hf_config(hf_model.config.to_dict())
     dense = {name: t.detach() for name, t in hf_model.state_dict().items()}
     packed = {}
     for name in ("model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight"):
@@ -231,4 +232,4 @@ def test_unsupported_rope_scaling_refused(folder: Path) -> None:
     config.pop("rope_parameters", None)
     config["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
     with pytest.raises(ValueError, match="yarn"):
-        ModelArchConfig.from_hf_config(config)
+        arch_from_hf_config(config)

@@ -13,7 +13,8 @@ import torch
 from tests.models import tiny
 from vlite.layers.mlp import GatedMLP
 from vlite.layers.moe import SparseMoE
-from vlite.model_loader import ModelArchConfig, load_model_weights, resolve_model
+from vlite.model_loader import load_model_weights, resolve_model
+from vlite.model_loader.hf_config import arch_from_hf_config
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_config_from_hf_folder(folder: Path) -> None:
     ({"mlp_only_layers": [0, 5]}, (1, 2, 3, 4)),
     ({"num_experts": 0}, ())])  # no experts: a dense model
 def test_dense_and_sparse_layers(extra: dict, moe_layers: tuple[int, ...]) -> None:
-    cfg = ModelArchConfig.from_hf_config({
+    cfg = arch_from_hf_config({
         "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 64,
         "num_hidden_layers": 6, "num_attention_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
         "moe_intermediate_size": 8, **extra})
@@ -119,7 +120,7 @@ def test_gguf_quantized_experts_stay_in_their_blocks(tmp_path: Path, qtype: str)
     w.write_tensors_to_file()
     w.close()
     t = gguf.GGUFReader(str(path)).tensors[0]
-    cfg = ModelArchConfig.from_hf_config({
+    cfg = arch_from_hf_config({
         "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 64,
         "num_hidden_layers": 1, "num_attention_heads": 2, "num_experts": 3, "num_experts_per_tok": 2,
         "moe_intermediate_size": 256})

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlite.model_loader.arch_config import ModelArchConfig
+from vlite.model_loader.hf_config import arch_from_hf_config
 from vlite.models import registry
 
 _BASE = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
@@ -29,24 +29,24 @@ _BASE = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidd
     ("OlmoeForCausalLM", "olmoe", "OlmoeForCausalLM"),
     ("MixtralForCausalLM", "mixtral", "MixtralForCausalLM")])
 def test_architectures_resolve(hf_name: str, family: str, cls: str) -> None:
-    cfg = ModelArchConfig.from_hf_config({**_BASE, "architectures": [hf_name]})
-    assert cfg.architecture == family and cfg.spec is registry.spec_for_hf(hf_name)
+    cfg = arch_from_hf_config({**_BASE, "architectures": [hf_name]})
+    assert cfg.architecture == family and registry.spec_for(cfg.architecture) is registry.spec_for_hf(hf_name)
     assert registry.model_class(family).__name__ == cls
     assert hf_name in registry.SUPPORTED_HF_ARCHITECTURES
 
 
 def test_architecture_features() -> None:
     """What a config.json leaves implicit comes from the registry: Qwen2's q/k/v biases, Qwen3's q/k norms."""
-    qwen2 = ModelArchConfig.from_hf_config({**_BASE, "architectures": ["Qwen2ForCausalLM"]})
+    qwen2 = arch_from_hf_config({**_BASE, "architectures": ["Qwen2ForCausalLM"]})
     assert (qwen2.attention_bias, qwen2.attention_out_bias, qwen2.qk_norm) == (True, False, False)
-    qwen3 = ModelArchConfig.from_hf_config({**_BASE, "architectures": ["Qwen3ForCausalLM"], "head_dim": 12,
-                                            "attention_bias": True})
+    qwen3 = arch_from_hf_config({**_BASE, "architectures": ["Qwen3ForCausalLM"], "head_dim": 12,
+                                 "attention_bias": True})
     assert (qwen3.attention_bias, qwen3.attention_out_bias, qwen3.qk_norm, qwen3.head_dim) == (True, True, True, 12)
-    llama = ModelArchConfig.from_hf_config({**_BASE, "architectures": ["LlamaForCausalLM"], "attention_bias": True})
+    llama = arch_from_hf_config({**_BASE, "architectures": ["LlamaForCausalLM"], "attention_bias": True})
     assert (llama.attention_bias, llama.attention_out_bias, llama.qk_norm, llama.head_dim) == (True, True, False, 8)
     # no `architectures`: the model_type names the family
-    assert ModelArchConfig.from_hf_config({**_BASE, "model_type": "qwen3"}).architecture == "qwen3"
-    assert ModelArchConfig.from_hf_config({**_BASE, "model_type": "gemma3_text"}).architecture == "gemma3"
+    assert arch_from_hf_config({**_BASE, "model_type": "qwen3"}).architecture == "qwen3"
+    assert arch_from_hf_config({**_BASE, "model_type": "gemma3_text"}).architecture == "gemma3"
 
 
 def _assert_lists_supported(message: str, supported: tuple[str, ...]) -> None:
@@ -123,10 +123,10 @@ def test_sliding_window_is_refused_where_unsupported(arch: str, extra: dict, sli
     config = {**_BASE, "architectures": [arch], **extra}
     if sliding:
         with pytest.raises(ValueError, match="sliding-window attention are not supported"):
-            ModelArchConfig.from_hf_config(config)
+            arch_from_hf_config(config)
     else:
-        cfg = ModelArchConfig.from_hf_config(config)
-        assert cfg.spec.hf_architectures == (arch,) and cfg.attention_windows == (0,)
+        cfg = arch_from_hf_config(config)
+        assert registry.spec_for(cfg.architecture).hf_architectures == (arch,) and cfg.attention_windows == (0,)
 
 
 @pytest.mark.parametrize("arch,extra,windows", [
@@ -138,7 +138,7 @@ def test_sliding_window_is_refused_where_unsupported(arch: str, extra: dict, sli
     ("Gemma3ForCausalLM", {"sliding_window": 8, "num_hidden_layers": 4, "sliding_window_pattern": 2}, (8, 0, 8, 0)),
     ("Gemma3ForCausalLM", {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}, (8, 0))])
 def test_layer_windows(arch: str, extra: dict, windows: tuple[int, ...]) -> None:
-    cfg = ModelArchConfig.from_hf_config({**_BASE, "architectures": [arch], **extra})
+    cfg = arch_from_hf_config({**_BASE, "architectures": [arch], **extra})
     assert tuple(cfg.layer_window(i) for i in range(cfg.num_hidden_layers)) == windows
     assert cfg.attention_windows == tuple(sorted(set(windows)))
     # the KV cache frees blocks behind the window only where every layer slides
@@ -148,7 +148,7 @@ def test_layer_windows(arch: str, extra: dict, windows: tuple[int, ...]) -> None
 def test_gemma_configs() -> None:
     """What Gemma's config.json says, in the conventions of transformers 4 (flat rope keys) and 5
     (rope_parameters per layer type), and what the family fixes."""
-    old = ModelArchConfig.from_hf_config({
+    old = arch_from_hf_config({
         **_BASE, "architectures": ["Gemma3ForCausalLM"], "hidden_activation": "gelu_pytorch_tanh",
         "head_dim": 256, "query_pre_attn_scalar": 256, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
         "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 512,
@@ -158,27 +158,28 @@ def test_gemma_configs() -> None:
     assert old.head_dim == 256 and old.query_pre_attn_scalar == 256 and old.hidden_act == "gelu_pytorch_tanh"
     assert old.qk_norm and old.norm_unit_offset and old.sandwich_norms and old.scale_embeddings
     assert old.attn_logit_softcapping is None  # transformers' Gemma 3 applies none
-    new = ModelArchConfig.from_hf_config({
+    new = arch_from_hf_config({
         **_BASE, "model_type": "gemma3_text", "rope_parameters": {
             "full_attention": {"rope_type": "default", "rope_theta": 2e5},
             "sliding_attention": {"rope_type": "default", "rope_theta": 5e3}}})
     assert (new.rope_theta, new.rope_scaling, new.rope_local_theta) == (2e5, None, 5e3)
     assert new.query_pre_attn_scalar == 256  # transformers' default
-    gemma2 = ModelArchConfig.from_hf_config({**_BASE, "architectures": ["Gemma2ForCausalLM"], "sliding_window": 16,
-                                             "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
-                                             "query_pre_attn_scalar": 144})
+    gemma2 = arch_from_hf_config({**_BASE, "architectures": ["Gemma2ForCausalLM"], "sliding_window": 16,
+                                  "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                                  "query_pre_attn_scalar": 144})
     assert (gemma2.attn_logit_softcapping, gemma2.final_logit_softcapping) == (50.0, 30.0)
     assert gemma2.rope_local_theta is None and not gemma2.qk_norm and gemma2.query_pre_attn_scalar == 144
     with pytest.raises(ValueError, match="bidirectional"):
-        ModelArchConfig.from_hf_config({**_BASE, "architectures": ["Gemma3ForCausalLM"],
-                                        "use_bidirectional_attention": True})
+        arch_from_hf_config({**_BASE, "architectures": ["Gemma3ForCausalLM"],
+                             "use_bidirectional_attention": True})
     with pytest.raises(ValueError, match="unsupported hidden_act 'gelu'"):
-        ModelArchConfig.from_hf_config({**_BASE, "architectures": ["LlamaForCausalLM"], "hidden_act": "gelu"})
+        arch_from_hf_config({**_BASE, "architectures": ["LlamaForCausalLM"], "hidden_act": "gelu"})
 
 
 def test_registry_and_configs_import_no_torch() -> None:
     """The API server process parses model configs too and never imports torch; nor does the scheduler
     with its (sliding-window) KV cache manager."""
-    code = ("import sys, vlite.model_loader, vlite.models.registry, vlite.core.sched.scheduler; "
+    code = ("import sys, vlite.model_loader, vlite.models.registry, vlite.core.sched.scheduler, vlite.model_arch, "
+            "vlite.model_loader.hf_config, vlite.model_loader.gguf_config, vlite.layers.rope_scaling; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

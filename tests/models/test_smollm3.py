@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tests.models import tiny
-from vlite.model_loader import ModelArchConfig, load_model_weights, resolve_model
+from vlite.model_loader import load_model_weights, resolve_model
+from vlite.model_loader.hf_config import arch_from_hf_config
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def test_nope_layers_from_interval() -> None:
     """Without no_rope_layers, every no_rope_layer_interval-th layer is NoPE (transformers' default: 4)."""
     config = {"architectures": ["SmolLM3ForCausalLM"], "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
               "num_hidden_layers": 8, "num_attention_heads": 2, "no_rope_layer_interval": 4}
-    assert ModelArchConfig.from_hf_config(config).nope_layers == (3, 7)
+    assert arch_from_hf_config(config).nope_layers == (3, 7)
 
 
 def test_hf_folder_matches_transformers(folder: Path, prompt_ids: list[list[int]], refs: list[Any]) -> None:
@@ -78,4 +79,4 @@ def test_sliding_window_refused(folder: Path) -> None:
     config.update(use_sliding_window=True, sliding_window=64,
                   layer_types=["full_attention", "sliding_attention", "full_attention"])
     with pytest.raises(ValueError, match="sliding-window"):
-        ModelArchConfig.from_hf_config(config)
+        arch_from_hf_config(config)

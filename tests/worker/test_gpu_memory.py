@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vlite.model_loader import ModelArchConfig
+from vlite.model_loader.hf_config import arch_from_hf_config
 from vlite.worker import gpu_memory
 from vlite.worker.cuda_graphs import capture_sizes
 
@@ -14,7 +15,7 @@ GIB = 2 ** 30
 
 
 def _arch() -> ModelArchConfig:
-    return ModelArchConfig.from_hf_config({
+    return arch_from_hf_config({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": 512, "rms_norm_eps": 1e-6})

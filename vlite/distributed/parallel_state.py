@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from vlite.distributed.tp_shard import TPShard
+    from vlite.model_loader.tp_shard import TPShard
 
 
 class TPGroup:

@@ -96,7 +96,7 @@ class EngineArgs:
             arch, weights = load_model_weights(resolved, torch_dtype)
         else:  # the workers load the weights, each its own shard (vlite.worker.worker)
             arch, weights = load_model_arch(resolved, torch_dtype), {}
-            from vlite.distributed.tp_shard import plan_tp
+            from vlite.model_loader.tp_shard import plan_tp
 
             plan_tp(arch, parallel_config.tensor_parallel_size)  # a model TP cannot split fails here, not in a worker
         # On a GPU a quantized GGUF file is dequantized to dense weights at load, as quantization="none" does.

@@ -26,8 +26,8 @@ from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.layernorm import rms_norm
 from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
 from vlite.layers.quantization import QuantizationPlan, linear
-from vlite.model_loader.arch_config import ModelArchConfig
 from vlite.layers.rotary_embedding import RotaryEmbedding
+from vlite.model_arch import ModelArchConfig
 
 
 class Attention(nn.Module):

@@ -28,7 +28,7 @@ from vlite.layers.moe import feed_forward
 from vlite.layers.packed import PackedTensors, TiledTensors
 from vlite.layers.quantization import QuantizationPlan, linear, make_linear
 from vlite.layers.rotary_embedding import RotaryEmbedding
-from vlite.model_loader.arch_config import ModelArchConfig
+from vlite.model_arch import ModelArchConfig
 
 
 class DecoderLayer(nn.Module):
@@ -123,7 +123,7 @@ class CausalLM(nn.Module):
         # Gemma: embeddings times sqrt(hidden_size), the factor rounded to the model's dtype as transformers does
         self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=dtype) if cfg.scale_embeddings else None
         self.final_logit_softcapping = cfg.final_logit_softcapping
-        # Tensor parallelism: the embedding and LM head hold this rank's vocab rows (vlite.distributed.tp_shard)
+        # Tensor parallelism: the embedding and LM head hold this rank's vocab rows (vlite.model_loader.tp_shard)
         self.tp = get_tp_group()
         embed = weights["model.embed_tokens.weight"]
         # A quantized embedding stays packed where the plan runs packed weights: a lookup dequantizes

@@ -12,7 +12,7 @@ from torch import nn
 from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
 from vlite.layers.quantization import QuantizationPlan, linear
-from vlite.model_loader.arch_config import ModelArchConfig
+from vlite.model_arch import ModelArchConfig
 
 
 class GatedMLP(nn.Module):

@@ -25,7 +25,7 @@ from torch import nn
 from vlite.layers.linear import Weights, param
 from vlite.layers.mlp import GatedMLP
 from vlite.layers.quantization import QuantizationPlan
-from vlite.model_loader.arch_config import ModelArchConfig
+from vlite.model_arch import ModelArchConfig
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:

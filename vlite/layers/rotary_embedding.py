@@ -1,4 +1,5 @@
-"""Rotary position embedding with a precomputed cos/sin table indexed by position."""
+"""Rotary position embedding with a precomputed cos/sin table indexed by position; the scaling dicts it
+reads are described, and built from what checkpoints store, in rope_scaling.py."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from typing import Optional
 import torch
 from torch import nn
 
+from vlite.layers.rope_scaling import ROPE_TYPES
+
 
 def _inv_freq(head_dim: int, base: float, rope_scaling: Optional[dict]) -> torch.Tensor:
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
     if rope_type == "default":
         return inv_freq
-    if rope_type == "longrope":  # one factor set for every position, chosen by max_model_len (arch_config)
+    if rope_type == "longrope":  # one factor set for every position, chosen by max_model_len (longrope_scaling)
         shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         factors = rope_scaling["long_factor" if rope_scaling.get("use_long_factor") else "short_factor"]
         return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** shape)
@@ -31,7 +34,7 @@ def _inv_freq(head_dim: int, base: float, rope_scaling: Optional[dict]) -> torch
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(is_medium, smoothed, scaled)
-    raise ValueError(f"rope_scaling type {rope_type!r} is not supported (supported: default, linear, llama3, longrope)")
+    raise ValueError(f"rope_scaling type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
 
 
 class RotaryEmbedding(nn.Module):

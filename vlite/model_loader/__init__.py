@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from vlite.model_loader.arch_config import LlamaArchConfig, ModelArchConfig
+from vlite.model_arch import LlamaArchConfig, ModelArchConfig
 from vlite.model_loader.resolve import ResolvedModel, default_model_path, resolve_model
 from vlite.model_loader.tokenizer import load_tokenizer
 

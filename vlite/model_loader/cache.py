@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from vlite.model_loader.arch_config import ModelArchConfig
+from vlite.model_arch import ModelArchConfig
 
 if TYPE_CHECKING:
     import torch

@@ -19,9 +19,11 @@ import torch
 
 from vlite.layers import weight_arena
 from vlite.layers.packed import PackedTensors
-from vlite.model_loader.arch_config import ModelArchConfig, expected_weight_names
+from vlite.model_arch import ModelArchConfig, expected_weight_names
+from vlite.model_loader.gguf_config import arch_from_gguf_metadata
 from vlite.model_loader.gguf_quants import DENSE_TYPES, SUPPORTED_TYPES, to_packed
 from vlite.model_loader.gguf_reader import GGUFReader
+from vlite.models.registry import spec_for
 
 Weight = Union[torch.Tensor, PackedTensors]
 
@@ -98,8 +100,8 @@ def open_gguf(path: Path) -> Any:
 def gguf_arch(path: Path, reader: Any = None) -> ModelArchConfig:
     """The file's config, with the type of its linear weights, read from the header alone (no tensor data)."""
     reader = reader or open_gguf(path)
-    config = ModelArchConfig.from_gguf_metadata(reader)
-    layer_names = {**config.spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
+    config = arch_from_gguf_metadata(reader)
+    layer_names = {**spec_for(config.architecture).gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
     linear_types = set()
     for t in reader.tensors:
         if t.name in _SKIPPED:
@@ -124,8 +126,9 @@ def iter_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, Iterator
 
 def _gguf_tensors(path: Path, reader: Any, config: ModelArchConfig, dtype: torch.dtype
                   ) -> Iterator[tuple[str, Weight]]:
-    permuted = config.spec.gguf_qk_permuted
-    layer_names = {**config.spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
+    spec = spec_for(config.architecture)
+    permuted = spec.gguf_qk_permuted
+    layer_names = {**spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
     for t in reader.tensors:
         if t.name in _SKIPPED:
             continue

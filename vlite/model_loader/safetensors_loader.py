@@ -9,7 +9,8 @@ from typing import Any, Iterator
 
 import torch
 
-from vlite.model_loader.arch_config import ModelArchConfig, expected_weight_names
+from vlite.model_arch import ModelArchConfig, expected_weight_names
+from vlite.model_loader.hf_config import arch_from_hf_config
 
 _INDEX_FILE = "model.safetensors.index.json"
 # Buffers some older checkpoints saved; the engine recomputes them.
@@ -56,7 +57,7 @@ def hf_folder_arch(path: Path) -> ModelArchConfig:
     hf_config = _read_json(path / "config.json")
     if hf_config is None:
         raise ValueError(f"{path}: config.json not found")
-    return ModelArchConfig.from_hf_config(hf_config, _read_json(path / "generation_config.json"))
+    return arch_from_hf_config(hf_config, _read_json(path / "generation_config.json"))
 
 
 def iter_hf_folder(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, Iterator[tuple[str, torch.Tensor]]]:

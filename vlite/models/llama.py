@@ -18,7 +18,7 @@ from vlite.layers.decoder import CausalLM
 from vlite.layers.linear import Weights, fast_ops
 from vlite.layers.linear import fuse_rows as _fuse  # noqa: F401 (its old home: tests import it from here)
 from vlite.layers.quantization import ConcatLinear, QuantizationPlan, QuantizedLinear
-from vlite.model_loader import ModelArchConfig
+from vlite.model_arch import ModelArchConfig
 
 
 class LlamaForCausalLM(CausalLM):

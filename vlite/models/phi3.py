@@ -5,7 +5,7 @@ and gate/up as one `gate_up_proj`, with rotary over the leading `partial_rotary_
 The fused tensors are split into the shared layers' q/k/v and gate/up names (views, no copy); the
 shared layers fuse them again into the same matmuls. LongRoPE checkpoints run with their short factors
 within original_max_position_embeddings (the default max_model_len), with their long factors for every
-request when max_model_len is past it (ModelArchConfig.with_max_model_len, arch_config._longrope).
+request when max_model_len is past it (ModelArchConfig.with_max_model_len, rope_scaling.longrope_scaling).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from vlite.layers.decoder import CausalLM
 from vlite.layers.packed import PackedTensors
 from vlite.layers.linear import Weights
 from vlite.layers.quantization import QuantizationPlan
-from vlite.model_loader import ModelArchConfig
+from vlite.model_arch import ModelArchConfig
 
 
 def _split_rows(w: Any, sizes: list[int]) -> list[Any]:

@@ -34,9 +34,9 @@ _PARENT_POLL_S = 0.5
 
 def load_shard(loaded: LoadedEngineConfig, rank: int, world_size: int) -> LoadedEngineConfig:
     """`loaded` with this rank's part of the config and of the weights, read one tensor at a time."""
-    from vlite.distributed.tp_shard import plan_tp, shard_arch, shard_weight
+    from vlite.model_arch import expected_weight_names
     from vlite.model_loader import iter_model_weights
-    from vlite.model_loader.arch_config import expected_weight_names
+    from vlite.model_loader.tp_shard import plan_tp, shard_arch, shard_weight
 
     _, tensors = iter_model_weights(loaded.resolved, loaded.torch_dtype)
     arch = loaded.arch

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from vlite.distributed.tp_shard import plan_tp, shard_arch, shard_weight
 from vlite.layers.packed import PackedTensors
 from vlite.layers.quantization import quantize_int4, quantize_int8
-from vlite.model_loader.arch_config import ModelArchConfig
+from vlite.model_arch import ModelArchConfig
+from vlite.model_loader.hf_config import arch_from_hf_config
+from vlite.model_loader.tp_shard import plan_tp, shard_arch, shard_weight
 
 
 def _arch(**overrides: Any) -> ModelArchConfig:
@@ -19,7 +20,7 @@ def _arch(**overrides: Any) -> ModelArchConfig:
                   num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                   max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
     config.update(overrides)
-    return ModelArchConfig.from_hf_config(config)
+    return arch_from_hf_config(config)
 
 
 def test_default_model_shape_splits_by_kv_group():

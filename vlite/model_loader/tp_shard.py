@@ -23,7 +23,7 @@ from vlite.layers.packed import QK, PackedTensors
 if TYPE_CHECKING:
     import torch
 
-    from vlite.model_loader.arch_config import ModelArchConfig
+    from vlite.model_arch import ModelArchConfig
 
 # Families whose layers are the plain Attention + GatedMLP of vlite.layers (no mixture of experts,
 # no norm over all heads, no sandwich norms).

@@ -1,0 +1,169 @@
+"""The architecture record every loader produces and every layer reads (GGUF and Hugging Face folders).
+
+The engine builds its model from this one frozen record, so both sources must agree on field
+meanings: they follow Hugging Face's configs. Which architectures exist, and the features each one
+fixes, is vlite/models/registry.py's business; vlite/model_loader/hf_config.py and gguf_config.py turn
+a config.json or a GGUF header into the record. This module imports nothing of vlite's, and no torch:
+the layers and the API process read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = ["ModelArchConfig", "LlamaArchConfig", "expected_weight_names"]
+
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gate activations vlite.layers.mlp computes
+
+
+@dataclass(frozen=True)
+class ModelArchConfig:
+    """Shape, numerics and optional features of a decoder-only model, in Hugging Face terms."""
+
+    architecture: str  # vlite's family name (registry.ModelSpec.name): "llama", "mistral", "qwen2", "gemma3", ...
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    attention_bias: bool = False  # bias on the q, k and v projections
+    attention_out_bias: bool = False  # bias on o_proj (Llama's attention_bias sets both; Qwen2 has q/k/v only)
+    mlp_bias: bool = False  # bias on gate, up and down projections
+    qk_norm: bool = False  # RMSNorm over each head of q and k before rotary (Qwen3, Gemma 3)
+    qk_norm_full: bool = False  # with qk_norm: the norms span all heads of q and of k at once (OLMo 2)
+    hidden_act: str = "silu"  # the MLP's gate activation: "silu" or "gelu_pytorch_tanh" (Gemma)
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma; the checkpoint stores weight)
+    sandwich_norms: bool = False  # norms after attention and after the MLP too: 4 a layer (Gemma 2/3)
+    post_norms: bool = False  # norms only after attention and after the MLP, none before (OLMo 2)
+    scale_embeddings: bool = False  # embeddings times sqrt(hidden_size), in the model's dtype (Gemma)
+    # Per layer, the keys a query sees: 0 = every one before it, w > 0 = its last w (sliding window).
+    # Empty: every layer global.
+    layer_windows: tuple[int, ...] = ()
+    nope_layers: tuple[int, ...] = ()  # layers that apply no rotary at all (SmolLM3's NoPE layers)
+    rope_local_theta: float | None = None  # rope base of sliding layers, unscaled (Gemma 3); None: rope_theta
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma); None: head_dim
+    attn_logit_softcapping: float | None = None  # attention scores = cap * tanh(scores / cap) (Gemma 2)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2, some Gemma 3)
+    # Share of each head's dims that rotary rotates (the leading ones; Phi-4-mini: 0.75); the rest pass as is.
+    partial_rotary_factor: float = 1.0
+    # The checkpoint stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (Phi-3).
+    fused_checkpoint: bool = False
+    # Mixture of experts (Qwen3-MoE, OLMoE, Mixtral): on each of `moe_layers` a router sends every token to
+    # num_experts_per_tok of num_experts gated MLPs of width moe_intermediate_size; the other layers keep a
+    # dense MLP of intermediate_size. num_experts 0: a dense model.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # the top-k routing weights renormalized to sum to 1 (Mixtral: always)
+    moe_layers: tuple[int, ...] = ()
+    # The checkpoint's names of a mixture layer: `{prefix}.gate` (router), `{prefix}.experts.{e}.{gate,up,down}`.
+    moe_prefix: str = "mlp"
+    expert_names: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
+    # GGUF type of the linear layers' weights in the source file ("Q4_1", ...; "mixed"), None for
+    # dense sources. The engine may keep such weights packed (vlite.layers.quantization).
+    source_quantization: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(_ACTIVATIONS)}")
+        object.__setattr__(self, "layer_windows", tuple(int(w) for w in self.layer_windows))  # JSON gives a list
+        object.__setattr__(self, "nope_layers", tuple(int(i) for i in self.nope_layers))
+        object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
+        object.__setattr__(self, "expert_names", tuple(self.expert_names))
+        if self.moe_layers and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) must be in 1..num_experts "
+                             f"({self.num_experts})")
+        if self.layer_windows and (len(self.layer_windows) != self.num_hidden_layers
+                                   or min(self.layer_windows) < 0):
+            raise ValueError(f"layer_windows {self.layer_windows} must give each of the "
+                             f"{self.num_hidden_layers} layers a window >= 0")
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each head rotary rotates (transformers rounds down, as here)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def longest_context(self) -> int:
+        """The longest max_model_len the model serves: max_position_embeddings, or for LongRoPE the context
+        of its long factors (the checkpoint's max_position_embeddings; the default stays the original one)."""
+        return int((self.rope_scaling or {}).get("long_max_position_embeddings", self.max_position_embeddings))
+
+    def with_max_model_len(self, max_model_len: int) -> ModelArchConfig:
+        """The config an engine of `max_model_len` runs: itself, except that a LongRoPE model asked for more
+        than its original context rotates every token with its long factors (`use_long_factor`), over
+        max_model_len positions (see `vlite.layers.rope_scaling.longrope_scaling`)."""
+        if max_model_len > self.longest_context:
+            raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit ({self.longest_context})")
+        scaling = self.rope_scaling or {}
+        if scaling.get("rope_type") != "longrope" or max_model_len <= self.max_position_embeddings:
+            return self
+        return replace(self, rope_scaling={**scaling, "use_long_factor": True}, max_position_embeddings=max_model_len)
+
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of `layer` (0: it attends to every key before the query)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def attention_windows(self) -> tuple[int, ...]:
+        """The distinct windows of the model's layers, ascending (0 first where some layer is global)."""
+        return tuple(sorted({self.layer_window(i) for i in range(self.num_hidden_layers)}))
+
+    @property
+    def kv_sliding_window(self) -> int | None:
+        """Where every layer slides: the largest window, behind which KV blocks are never read again (the
+        KV cache manager frees them). None where some layer attends globally and reads every block."""
+        windows = self.attention_windows
+        return windows[-1] if windows and windows[0] > 0 else None
+
+
+# The name most of the code base knew it by, from when Llama was the only family.
+LlamaArchConfig = ModelArchConfig
+
+
+def expected_weight_names(config: ModelArchConfig) -> set[str]:
+    """Every tensor the model of ``config`` needs, Hugging Face naming (what both loaders produce)."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not config.tie_word_embeddings:
+        names.add("lm_head.weight")
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names.add(p + "post_attention_layernorm.weight")
+        if config.post_norms:
+            names.add(p + "post_feedforward_layernorm.weight")
+        else:
+            names.add(p + "input_layernorm.weight")
+        if config.sandwich_norms:
+            names |= {p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"}
+        attn_projs = ("qkv_proj", "o_proj") if config.fused_checkpoint else ("q_proj", "k_proj", "v_proj", "o_proj")
+        for proj in attn_projs:
+            names.add(f"{p}self_attn.{proj}.weight")
+            if config.attention_out_bias if proj == "o_proj" else config.attention_bias:
+                names.add(f"{p}self_attn.{proj}.bias")
+        if config.qk_norm:
+            names |= {f"{p}self_attn.q_norm.weight", f"{p}self_attn.k_norm.weight"}
+        if i in config.moe_layers:  # the router and every expert's gated MLP instead of one dense MLP
+            m = f"{p}{config.moe_prefix}."
+            names.add(m + "gate.weight")
+            names |= {f"{m}experts.{e}.{n}.weight" for e in range(config.num_experts) for n in config.expert_names}
+            continue
+        for proj in ("gate_up_proj", "down_proj") if config.fused_checkpoint else ("gate_proj", "up_proj", "down_proj"):
+            names.add(f"{p}mlp.{proj}.weight")
+            if config.mlp_bias:
+                names.add(f"{p}mlp.{proj}.bias")
+    return names
