@@ -11,7 +11,8 @@ if TYPE_CHECKING:  # the loaded facts' types; this module stays import-light (th
     import torch
 
     from vlite.layers.quantization import QuantizationPlan
-    from vlite.model_loader import ModelArchConfig, ResolvedModel
+    from vlite.model_arch import ModelArchConfig
+    from vlite.model_loader import ResolvedModel
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Weight-only methods of vlite.layers.quantization; "none" forces dense weights.
