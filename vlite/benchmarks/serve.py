@@ -44,8 +44,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from vlite.benchmarks.datasets import (BenchRequest, load_json_dataset, random_requests, summarize,
                                        tokenizer_special_ids)
-from vlite.benchmarks.utils import (add_dataset_args, jsonable_args, percentile, positive_int, spec_decoding_report,
-                                    write_json)
+from vlite.benchmarks.utils import add_dataset_args, jsonable_args, percentile, spec_decoding_report, write_json
+from vlite.entrypoints.cli.args import non_negative_float, parse_number, positive_float, positive_int
 
 HELP = "online serving against a running `vlite serve`: TTFT, TPOT, ITL, E2E and throughput under load"
 DESCRIPTION = ("Online serving benchmark (after `vllm bench serve`): streams requests to a running OpenAI-compatible "
@@ -70,36 +70,15 @@ METRICS = (("ttft", "Time to First Token", "TTFT"),
 # --------------------------------------------------------------------------------------------------
 
 def request_rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid rate {text!r}; a number of requests/s or inf") from None
+    """A positive number of requests/s, or inf."""
+    value = parse_number(text, float, "rate", "; a number of requests/s or inf")
     if math.isnan(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive (or inf), got {text}")
     return value
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text}")
-    return value
-
-
 def percentile_list(text: str) -> tuple[float, ...]:
+    """Comma-separated percentiles, each in (0, 100)."""
     try:
         values = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
