@@ -1,6 +1,6 @@
 """`vlite bench <name>`: benchmarks, after vLLM's `vllm bench`.
 
-One module per benchmark. Each module provides
+One module per benchmark (`serve`: a package, its command in serve/command.py). Each module provides
 
     HELP, DESCRIPTION        the subcommand's one-line help and its description
     add_cli_args(parser)     its flags (the model benchmarks reuse the engine flags of `vlite generate`,
@@ -26,5 +26,5 @@ BENCHMARKS: dict[str, str] = {
     "latency": "vlite.benchmarks.latency",
     "prefix-cache": "vlite.benchmarks.prefix_cache",
     "scheduler": "vlite.benchmarks.scheduler",
-    "serve": "vlite.benchmarks.serve",
+    "serve": "vlite.benchmarks.serve.command",
 }
