@@ -1,6 +1,6 @@
 """Device options: validated with the field and its limit named, before any model work; dtype="auto" is
 bfloat16 on a GPU, and on a CPU with native bf16 or quantized weights (the CLI flags:
-tests/entrypoints/test_cli.py)."""
+tests/entrypoints/cli/test_args.py)."""
 
 from __future__ import annotations
 
@@ -89,6 +89,7 @@ def test_num_threads_from_flag_or_environment(monkeypatch):
     """--threads / VLITE_NUM_THREADS: a positive count, checked before any work; the flag wins."""
     from vlite.config import NUM_THREADS_ENV, DeviceConfig
     from vlite.entrypoints import cli
+    from vlite.entrypoints.cli.args import engine_args_from_cli
 
     monkeypatch.delenv(NUM_THREADS_ENV, raising=False)
     assert DeviceConfig().num_threads is None
@@ -102,4 +103,4 @@ def test_num_threads_from_flag_or_environment(monkeypatch):
     with pytest.raises(ValueError, match="num_threads must be a positive integer"):
         DeviceConfig(num_threads=0)
     ns = cli.build_parser().parse_args(["generate", "hi", "--threads", "2"])
-    assert cli.engine_args_from_cli(ns).num_threads == 2
+    assert engine_args_from_cli(ns).num_threads == 2

@@ -16,6 +16,7 @@ from vlite.benchmarks.datasets import (BenchRequest, allowed_token_ids, length_r
                                        random_requests, summarize)
 from vlite.benchmarks.utils import describe, percentile
 from vlite.entrypoints import cli
+from vlite.entrypoints.cli.args import engine_args_from_cli
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -55,7 +56,7 @@ def test_throughput_flags():
     assert (ns.num_prompts, ns.input_len, ns.output_len, ns.range_ratio, ns.seed) == (10, 64, 8, 0.25, 3)
     assert ns.compare_hf and ns.hf_batch_size == 4 and ns.hf_dtype == "bfloat16"
     assert ns.output_json == "out.json" and ns.profile and ns.progress
-    args = cli.engine_args_from_cli(ns)
+    args = engine_args_from_cli(ns)
     assert args.dtype == "float32" and args.max_num_seqs == 16 and args.enable_prefix_caching is False
     assert args.seed == 3
 

@@ -1,9 +1,10 @@
 """`vlite bench <name>`: benchmarks, after vLLM's `vllm bench`.
 
-One module per benchmark. Each module provides
+One module per benchmark (`serve`: a package, its command in serve/command.py). Each module provides
 
     HELP, DESCRIPTION        the subcommand's one-line help and its description
-    add_cli_args(parser)     its flags (the model benchmarks reuse the engine flags of `vlite generate`)
+    add_cli_args(parser)     its flags (the model benchmarks reuse the engine flags of `vlite generate`,
+                             and every benchmark the validators of vlite/entrypoints/cli/args.py)
     main(ns) -> int          run it from the parsed flags; prints a report, returns the exit status
 
 and a plain function (`run_throughput`, `run_latency`, ...) that does the work and returns the
@@ -20,29 +21,12 @@ results as a dict, so tests and scripts can call it without the command line.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-# Subcommand name -> module.
+# Subcommand name -> module (`vlite bench <name>`; the parser is built in vlite/entrypoints/cli/bench.py).
 BENCHMARKS: dict[str, str] = {
     "throughput": "vlite.benchmarks.throughput",
     "latency": "vlite.benchmarks.latency",
     "prefix-cache": "vlite.benchmarks.prefix_cache",
     "scheduler": "vlite.benchmarks.scheduler",
-    "serve": "vlite.benchmarks.serve",
+    "serve": "vlite.benchmarks.serve.command",
     "startup": "vlite.benchmarks.startup",
 }
-
-
-def add_bench_parser(subparsers: Any) -> None:
-    """Add `bench` with one sub-subcommand per benchmark to the `vlite` subparsers."""
-    parser = subparsers.add_parser(
-        "bench", help="benchmark vlite: " + ", ".join(BENCHMARKS),
-        description="Benchmarks (the convention of `vllm bench`). Each prints a report; --output-json saves it.")
-    bench_subparsers = parser.add_subparsers(dest="bench_name", metavar="BENCHMARK", required=True,
-                                             help="the benchmark to run")
-    for name, module_name in BENCHMARKS.items():
-        module = importlib.import_module(module_name)
-        sub = bench_subparsers.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
-        module.add_cli_args(sub)
-        sub.set_defaults(handler=module.main)

@@ -27,15 +27,14 @@ from vlite.benchmarks.utils import (
     finish_profiler,
     hardware_report,
     jsonable_args,
-    non_negative_int,
-    positive_int,
     print_hardware,
     setup_profiler,
     spec_decoding_report,
     spec_decoding_rows,
     write_json,
 )
-from vlite.entrypoints.cli import _add_common_args, _load_engine, add_engine_args
+from vlite.entrypoints.cli.args import add_common_args, add_engine_args, non_negative_int, positive_int
+from vlite.entrypoints.cli.engine import load_engine
 
 HELP = "one batch through LLMEngine.step(): TTFT, inter-token latency p50/p90/p99, end-to-end latency"
 DESCRIPTION = ("Latency of one batch of --batch-size random requests, measured from LLMEngine.step() timestamps: "
@@ -62,7 +61,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                             "chat prompts whose answers copy spans of the prompt (at most --output-len tokens, "
                             "to the model's end of answer; see vlite.benchmarks.datasets) (default: %(default)s)")
     add_output_args(parser)
-    _add_common_args(parser)
+    add_common_args(parser)
     add_engine_args(parser)
 
 
@@ -121,7 +120,7 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
     from vlite import profiler
 
     setup_profiler(ns)
-    engine = _load_engine(ns)
+    engine = load_engine(ns)
     pool = allowed_token_ids(engine.input_processor.vocab_size, tokenizer_special_ids(engine.get_tokenizer()))
 
     copy = ns.dataset == "copy"

@@ -16,9 +16,10 @@ import time
 from typing import Any
 
 from vlite.benchmarks.datasets import allowed_token_ids, random_requests, tokenizer_special_ids
-from vlite.benchmarks.utils import (add_output_args, finish_profiler, hardware_report, jsonable_args, non_negative_int,
-                                    positive_int, print_block, print_hardware, setup_profiler, write_json)
-from vlite.entrypoints.cli import _add_common_args, _load_engine, add_engine_args
+from vlite.benchmarks.utils import (add_output_args, finish_profiler, hardware_report, jsonable_args, print_block,
+                                    print_hardware, setup_profiler, write_json)
+from vlite.entrypoints.cli.args import add_common_args, add_engine_args, non_negative_int, positive_int
+from vlite.entrypoints.cli.engine import load_engine
 
 HELP = "TTFT of a long prompt, first (cold) vs again (prefix-cache hit)"
 DESCRIPTION = ("Time to first token of a --prompt-len token prompt, the first time and the second time (an "
@@ -37,7 +38,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-iters-warmup", type=non_negative_int, default=1, metavar="N",
                        help="prompt pairs run first and not measured (default: %(default)s)")
     add_output_args(parser)
-    _add_common_args(parser)
+    add_common_args(parser)
     add_engine_args(parser)
 
 
@@ -74,7 +75,7 @@ def run_prefix_cache(ns: argparse.Namespace) -> dict[str, Any]:
     from vlite import profiler
 
     setup_profiler(ns)
-    engine = _load_engine(ns)
+    engine = load_engine(ns)
     pool = allowed_token_ids(engine.input_processor.vocab_size, tokenizer_special_ids(engine.get_tokenizer()))
 
     def prompt_for(iteration: int) -> list[int]:

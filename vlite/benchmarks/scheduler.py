@@ -20,8 +20,8 @@ import random
 import time
 from typing import Any
 
-from vlite.benchmarks.utils import (add_output_args, describe, jsonable_args, non_negative_int, positive_int,
-                                    print_block, write_json)
+from vlite.benchmarks.utils import add_output_args, describe, jsonable_args, print_block, write_json
+from vlite.entrypoints.cli.args import non_negative_int, positive_int
 
 HELP = "µs per step of the pure-Python Scheduler + KVCacheManager (fake model, decode phase)"
 DESCRIPTION = ("Micro-benchmark of the scheduler alone: --num-requests running requests in the decode phase, a "

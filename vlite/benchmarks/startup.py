@@ -18,7 +18,8 @@ import sys
 import tempfile
 from typing import Any
 
-from vlite.benchmarks.utils import add_output_args, jsonable_args, positive_int, write_json
+from vlite.benchmarks.utils import add_output_args, jsonable_args, write_json
+from vlite.entrypoints.cli.args import positive_int
 
 HELP = "process start to first token (import, LLM(), first token) and peak RSS, first time and cached"
 DESCRIPTION = ("Start-up of a model as a user meets it: fresh processes timing the import, LLM(model) and one "

@@ -32,7 +32,6 @@ from vlite.benchmarks.utils import (
     finish_profiler,
     hardware_report,
     jsonable_args,
-    positive_int,
     print_block,
     print_hardware,
     setup_profiler,
@@ -40,7 +39,8 @@ from vlite.benchmarks.utils import (
     spec_decoding_rows,
     write_json,
 )
-from vlite.entrypoints.cli import _add_common_args, _configure_quiet, add_engine_args, engine_args_from_cli
+from vlite.entrypoints.cli.args import add_common_args, add_engine_args, engine_args_from_cli, positive_int
+from vlite.entrypoints.cli.engine import configure_quiet
 
 HELP = "offline throughput: requests/s and tokens/s of one LLM.generate (optionally vs transformers)"
 DESCRIPTION = ("Offline throughput: all requests go into one LLM.generate; prints requests/s, input, output and "
@@ -68,7 +68,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="dtype of the transformers model (default: %(default)s)")
     add_output_args(parser)
-    _add_common_args(parser)
+    add_common_args(parser)
     add_engine_args(parser)
 
 
@@ -231,7 +231,7 @@ def run_throughput(ns: argparse.Namespace) -> dict[str, Any]:
         requests = None
     setup_profiler(ns)
     engine_args = engine_args_from_cli(ns)
-    _configure_quiet(getattr(ns, "verbose", False))
+    configure_quiet(getattr(ns, "verbose", False))
     llm = LLM(**asdict(engine_args))
     engine = llm.llm_engine
     if requests is None:

@@ -10,18 +10,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 from vlite import profiler
-from vlite.entrypoints.cli import _non_negative_int, _positive_int
-
-# The CLI's validators, shared so every command rejects bad numbers alike.
-positive_int = _positive_int
-non_negative_int = _non_negative_int
+from vlite.entrypoints.cli.args import parse_number, positive_int
 
 
 def range_ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    value = parse_number(text, float)
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
     return value
