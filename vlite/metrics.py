@@ -6,7 +6,7 @@ from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from vlite.core.sched.scheduler import SchedulerStats, SpecDecodingStats
+from vlite.core.sched.stats import SchedulerStats, SpecDecodingStats
 from vlite.engine.output_processor import IterationStats
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

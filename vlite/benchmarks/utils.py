@@ -142,7 +142,7 @@ def print_hardware(report: dict[str, Any]) -> None:
 
 def spec_decoding_report(before: Any, after: Any) -> Optional[dict[str, float]]:
     """Speculative decoding over a measured run (SpecDecodingStats before and after it), or None."""
-    from vlite.core.sched.scheduler import SpecDecodingStats
+    from vlite.core.sched.stats import SpecDecodingStats
 
     if after is None:
         return None

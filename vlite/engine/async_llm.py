@@ -12,7 +12,7 @@ import dataclasses
 import logging
 from typing import Any, AsyncIterator, Callable, Optional
 
-from vlite.core.sched.scheduler import SchedulerStats
+from vlite.core.sched.stats import SchedulerStats
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.core_client import AsyncMPClient, DPAsyncMPClient, EngineDeadError
 from vlite.engine.core_messages import EngineCoreOutputs

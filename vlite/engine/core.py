@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.sched.output import EngineCoreOutput, SchedulerOutput
-from vlite.core.sched.scheduler import Scheduler, SchedulerStats
+from vlite.core.sched.scheduler import Scheduler
+from vlite.core.sched.stats import SchedulerStats
 from vlite.engine.input_processor import EngineCoreRequest
 from vlite.executor import Executor, ExecutorDeadError
 from vlite.profiler import section

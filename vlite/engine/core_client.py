@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 
 from vlite.config import ParallelConfig
-from vlite.core.sched.scheduler import SchedulerStats
+from vlite.core.sched.stats import SchedulerStats
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.core_messages import (EngineCoreOutputs, EngineCoreRequestType, EngineReady, UtilityCall,
                                         decode_outputs, encode)

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import msgspec
 
 from vlite.core.sched.output import EngineCoreOutput
-from vlite.core.sched.scheduler import SchedulerStats
+from vlite.core.sched.stats import SchedulerStats
 from vlite.engine.input_processor import EngineCoreRequest
 
 

@@ -157,7 +157,7 @@ async def scrape_spec_counters(client: Any, base_url: str) -> Optional[dict[str,
 def spec_decoding_summary(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Acceptance over the run from the server's counters (/metrics): rate (accepted / draft tokens) and
     length (1 + accepted / drafts, vLLM's)."""
-    from vlite.core.sched.scheduler import SpecDecodingStats
+    from vlite.core.sched.stats import SpecDecodingStats
 
     def stats(c: dict[str, float]) -> SpecDecodingStats:
         return SpecDecodingStats(c["drafts"], c["draft_tokens"], c["accepted"])

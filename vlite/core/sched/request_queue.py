@@ -37,6 +37,14 @@ class SchedulingPolicy(enum.Enum):
     FCFS = "fcfs"
     PRIORITY = "priority"
 
+    @classmethod
+    def parse(cls, value: object) -> SchedulingPolicy:
+        """`value` (a policy or its name, any case) as a policy; else an error naming the setting and the choices."""
+        try:
+            return cls(str(value.value if isinstance(value, cls) else value).strip().lower())
+        except ValueError:
+            raise ValueError(f"scheduling_policy must be one of {[p.value for p in cls]}, got {value!r}") from None
+
 
 @runtime_checkable
 class QueueableRequest(Protocol):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from vlite.config import SchedulerConfig, SpeculativeConfig
@@ -17,51 +16,9 @@ from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                      SchedulerOutput)
 from vlite.core.sched.request_queue import RequestQueue, SchedulingPolicy, create_request_queue
+from vlite.core.sched.stats import SchedulerStats, SpecDecodingStats
+from vlite.core.sched.utils import check_stop, usable_drafts
 from vlite.request import FinishReason, Request, RequestStatus
-
-
-@dataclass
-class SchedulerStats:
-    num_running_reqs: int
-    num_waiting_reqs: int
-    kv_cache_usage: float
-    num_preemptions: int  # cumulative
-    prefix_cache_queries: int  # cumulative, tokens
-    prefix_cache_hits: int  # cumulative, tokens
-    spec_decoding: Optional[SpecDecodingStats] = None  # cumulative; None without speculative decoding
-
-
-@dataclass
-class SpecDecodingStats:
-    """vLLM's spec-decode counters: drafts verified, their tokens, the accepted ones (also by position)."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
-
-    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        self.num_drafts += 1
-        self.num_draft_tokens += num_draft_tokens
-        self.num_accepted_tokens += num_accepted_tokens
-        per_pos = self.num_accepted_tokens_per_pos
-        if len(per_pos) < num_draft_tokens:
-            per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
-        for i in range(num_accepted_tokens):
-            per_pos[i] += 1
-
-    def copy(self) -> SpecDecodingStats:
-        return SpecDecodingStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
-                                 list(self.num_accepted_tokens_per_pos))
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per verify step of a request with drafts: 1 + accepted / drafts (vLLM's definition)."""
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
 class Scheduler:
@@ -71,11 +28,7 @@ class Scheduler:
         self.spec_decoding_stats = SpecDecodingStats() if speculative_config is not None else None
         self.max_model_len = scheduler_config.max_model_len
         self.kv_cache_manager = kv_cache_manager
-        try:
-            self.policy = SchedulingPolicy(str(scheduler_config.policy).strip().lower())
-        except ValueError:
-            raise ValueError(f"scheduling_policy must be one of {[p.value for p in SchedulingPolicy]}, "
-                             f"got {scheduler_config.policy!r}") from None
+        self.policy = SchedulingPolicy.parse(scheduler_config.policy)
         self.waiting: RequestQueue = create_request_queue(self.policy)
         # Requests passed over for a reason of their own (e.g. their blocks do not fit yet); they
         # are retried first so that they keep their place without blocking the ones behind them.
@@ -423,7 +376,7 @@ class Scheduler:
             for n, token_id in enumerate(new_token_ids):
                 request.output_token_ids.append(token_id)
                 request.all_token_ids.append(token_id)
-                stopped_here = self._check_stop(request)
+                stopped_here = check_stop(request, self.max_model_len)
                 if so_request is not None and not stopped_here:
                     # The matcher follows the tokens the request keeps; a complete grammar ends it.
                     if not so_request.accept_tokens(req_id, [token_id]):
@@ -477,36 +430,8 @@ class Scheduler:
     def _set_spec_tokens(self, request: Request, draft_token_ids: Optional[list[int]]) -> None:
         """Keep the drafts the request can use, and free the blocks that neither its tokens nor its
         next drafts occupy (those only rejected drafts filled)."""
-        drafts = draft_token_ids or []
-        if drafts:
-            params = request.sampling_params
-            max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
-            # The next step yields up to 1 + len(drafts) tokens; none past max_tokens or max_model_len.
-            room = min(max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens) - 1
-            drafts = drafts[:max(room, 0)]
-            so_request = request.structured_output_request
-            if drafts and so_request is not None:
-                drafts = so_request.valid_prefix(drafts)
-        request.spec_token_ids = drafts
-        self.kv_cache_manager.free_blocks_beyond(request, request.num_tokens + len(drafts))
-
-    def _check_stop(self, request: Request) -> bool:
-        params = request.sampling_params
-        num_output_tokens = len(request.output_token_ids)
-        last = request.output_token_ids[-1]
-        if num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and last in request.eos_token_ids:
-                request.status = RequestStatus.FINISHED_STOPPED
-                return True
-            if last in params.stop_token_ids:
-                request.status = RequestStatus.FINISHED_STOPPED
-                request.stop_reason = last
-                return True
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
-        if len(request.all_token_ids) >= self.max_model_len or num_output_tokens >= max_tokens:
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        return False
+        request.spec_token_ids = usable_drafts(request, draft_token_ids or [], self.max_model_len)
+        self.kv_cache_manager.free_blocks_beyond(request, request.num_tokens + len(request.spec_token_ids))
 
     # ---- stats ---------------------------------------------------------------------------
 

@@ -1,0 +1,51 @@
+"""The scheduler's counters, as vLLM's SchedulerStats / SpecDecodingStats: what the engine core reports
+each step and the frontends' stat loggers and /metrics read (no scheduler needed to import them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class SchedulerStats:
+    num_running_reqs: int
+    num_waiting_reqs: int
+    kv_cache_usage: float
+    num_preemptions: int  # cumulative
+    prefix_cache_queries: int  # cumulative, tokens
+    prefix_cache_hits: int  # cumulative, tokens
+    spec_decoding: Optional[SpecDecodingStats] = None  # cumulative; None without speculative decoding
+
+
+@dataclass
+class SpecDecodingStats:
+    """vLLM's spec-decode counters: drafts verified, their tokens, the accepted ones (also by position)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        if len(per_pos) < num_draft_tokens:
+            per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
+        for i in range(num_accepted_tokens):
+            per_pos[i] += 1
+
+    def copy(self) -> SpecDecodingStats:
+        return SpecDecodingStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                                 list(self.num_accepted_tokens_per_pos))
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verify step of a request with drafts: 1 + accepted / drafts (vLLM's definition)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0

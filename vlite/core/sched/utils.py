@@ -1,0 +1,41 @@
+"""Per-request checks the scheduler runs on each step's output (vLLM's v1/core/sched/utils.py)."""
+
+from __future__ import annotations
+
+from vlite.request import Request, RequestStatus
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Whether `request` is finished after its newest output token (EOS, a stop token id past min_tokens, max_tokens
+    or max_model_len reached); sets its status (and stop_reason) when it is."""
+    params = request.sampling_params
+    num_output_tokens = len(request.output_token_ids)
+    last = request.output_token_ids[-1]
+    if num_output_tokens >= params.min_tokens:
+        if not params.ignore_eos and last in request.eos_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if last in params.stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = last
+            return True
+    max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len
+    if len(request.all_token_ids) >= max_model_len or num_output_tokens >= max_tokens:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False
+
+
+def usable_drafts(request: Request, drafts: list[int], max_model_len: int) -> list[int]:
+    """The leading drafts `request` can take: the next step yields up to 1 + len(drafts) tokens, none past
+    max_tokens or max_model_len, and under a grammar only drafts it accepts."""
+    if not drafts:
+        return drafts
+    params = request.sampling_params
+    max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len
+    room = min(max_tokens - request.num_output_tokens, max_model_len - request.num_tokens) - 1
+    drafts = drafts[:max(room, 0)]
+    so_request = request.structured_output_request
+    if drafts and so_request is not None:
+        drafts = so_request.valid_prefix(drafts)
+    return drafts
