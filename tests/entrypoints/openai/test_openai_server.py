@@ -294,16 +294,3 @@ def test_serve_help_documents_every_flag():
                  "--enable-auto-tool-choice"):
         assert flag in out, flag
 
-
-def test_sse_event_survives_unicode_line_splitting():
-    """U+2028/U+2029/U+0085 in generated text must not end the event's line for clients that split
-    with str.splitlines (httpx's aiter_lines): they are escaped, and the JSON decodes to the same text."""
-    import json as _json
-
-    from vlite.entrypoints.openai.serving import sse
-
-    data = {"choices": [{"delta": {"content": "a\u2028b\u2029c\x85d\ne é"}}]}
-    event = sse(data)
-    lines = [line for line in event.splitlines() if line]
-    assert len(lines) == 1 and lines[0].startswith("data: ")
-    assert _json.loads(lines[0][len("data: "):]) == data

@@ -29,18 +29,15 @@ from vlite.engine.async_llm import AsyncLLM, EngineGenerateError
 from vlite.engine.core_client import EngineDeadError
 from vlite.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                TokenizeRequest)
-from vlite.entrypoints.openai.serving import OpenAIError, OpenAIServing
+from vlite.entrypoints.openai.middleware import AdmissionCount, BodyLimit, error_response
+from vlite.entrypoints.openai.serving_chat import OpenAIServingChat
+from vlite.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vlite.entrypoints.openai.serving_engine import OpenAIError, new_tokenizer_pool
 
 logger = logging.getLogger("vlite")
 
 # Routes that stay open when an API key is set: probes and the schema.
 _OPEN_PATHS = {"/health", "/metrics", "/version", "/ping", "/openapi.json", "/docs", "/docs/oauth2-redirect"}
-
-
-def _error(e: OpenAIError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
-    if e.status == 503:
-        headers = {"Retry-After": "1", **(headers or {})}
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def _is_type_tag(loc_item: str) -> bool:
@@ -72,99 +69,13 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
         watcher.cancel()
 
 
-class _BodyLimit:
-    """ASGI middleware: read the whole request body up front and answer 413 past `limit` bytes.
-
-    Checks the Content-Length header first, then counts the bytes actually received, so a chunked
-    upload without a Content-Length cannot get past the limit either. The app then gets the body in
-    one message; later receive() calls (disconnect detection) go to the client as before.
-    """
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length", b"").decode("latin-1")
-        if length.isdigit() and int(length) > self.limit:
-            await self._too_large(scope, send, f"request body is {length} bytes, more than the limit of "
-                                                f"{self.limit} bytes")
-            return
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client left before sending its body
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                await self._too_large(scope, send, f"request body is more than the limit of {self.limit} bytes")
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    @staticmethod
-    async def _too_large(scope: dict, send: Callable, message: str) -> None:
-        # Connection: close, since the rest of the body is left unread.
-        await _error(OpenAIError(message, 413), {"Connection": "close"})(scope, _no_receive, send)
-
-
-async def _no_receive() -> dict:
-    return {"type": "http.disconnect"}
-
-
-class _AdmissionCount:
-    """Generation requests admitted and not yet answered in full (streams included)."""
-
-    _KEY = "vlite.admitted"
-
-    def __init__(self) -> None:
-        self.pending = 0
-
-    def admit(self, scope: dict) -> None:
-        slot = scope.get(self._KEY)
-        if slot is not None and not slot[0]:
-            slot[0] = True
-            self.pending += 1
-
-    class Middleware:
-        """Releases a request's count when the app is done with it: answered, failed or disconnected."""
-
-        def __init__(self, app: Any, counter: _AdmissionCount) -> None:
-            self.app, self.counter = app, counter
-
-        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-            if scope["type"] != "http":
-                await self.app(scope, receive, send)
-                return
-            slot = scope[_AdmissionCount._KEY] = [False]  # a list: shared even if the scope is copied
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                if slot[0]:
-                    self.counter.pending -= 1
-
-
 class EngineHolder:
     """The engine once it is ready: the server listens (and answers 503) while the model loads."""
 
     def __init__(self, engine: Optional[AsyncLLM] = None, served_model_names: Optional[list[str]] = None) -> None:
         self.engine: Optional[AsyncLLM] = None
-        self.serving: Optional[OpenAIServing] = None
+        self.completion: Optional[OpenAIServingCompletion] = None
+        self.chat: Optional[OpenAIServingChat] = None
         self.served_model_names = served_model_names or []
         self.load_error: Optional[str] = None
         if engine is not None:
@@ -172,20 +83,22 @@ class EngineHolder:
 
     def set(self, engine: AsyncLLM, log_prompts: bool = False, trust_request_chat_template: bool = False,
             tool_call_parser: Optional[str] = None, enable_auto_tool_choice: bool = False) -> None:
+        pool = new_tokenizer_pool()  # one tokenizer thread for both handlers
         self.engine = engine
-        self.serving = OpenAIServing(engine, self.served_model_names, log_prompts, trust_request_chat_template,
-                                     tool_call_parser, enable_auto_tool_choice)
+        self.completion = OpenAIServingCompletion(engine, self.served_model_names, log_prompts, pool)
+        self.chat = OpenAIServingChat(engine, self.served_model_names, log_prompts, trust_request_chat_template,
+                                      tool_call_parser, enable_auto_tool_choice, pool)
 
     @property
     def is_ready(self) -> bool:
         return self.engine is not None and self.engine.is_running
 
-    def require(self) -> tuple[AsyncLLM, OpenAIServing]:
-        if self.engine is None or self.serving is None:
+    def require(self) -> tuple[AsyncLLM, OpenAIServingCompletion, OpenAIServingChat]:
+        if self.engine is None or self.completion is None or self.chat is None:
             raise OpenAIError(f"the engine is not ready: {self.load_error or 'the model is still loading'}", 503)
         if not self.engine.is_running:
             raise OpenAIError(f"the engine is not available: {self.engine.errored or 'not running'}", 503)
-        return self.engine, self.serving
+        return self.engine, self.completion, self.chat
 
 
 def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_body_bytes: int = 4 * 2**20,
@@ -204,7 +117,7 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
         if first.get("type") == "json_invalid":
             loc = first.get("loc", ())
             pos = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
-            return _error(OpenAIError(f"the request body is not valid JSON: "
+            return error_response(OpenAIError(f"the request body is not valid JSON: "
                                       f"{(first.get('ctx') or {}).get('error', 'decode error')}{pos}", 400))
         loc = [str(x) for x in first.get("loc", ())][1:]  # past "body"
         tag_at = next((i for i, x in enumerate(loc) if _is_type_tag(x)), None)
@@ -223,19 +136,19 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
                     tags.append(e_loc[tag_at])
             msg = f"invalid value; expected one of: {', '.join(tags)}"
         message = f"{param}: {msg}" if param else msg
-        return _error(OpenAIError(message, 400, param))
+        return error_response(OpenAIError(message, 400, param))
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
-        return _error(exc)
+        return error_response(exc)
 
     @app.exception_handler(EngineDeadError)
     async def _engine_dead(request: Request, exc: EngineDeadError) -> JSONResponse:
-        return _error(OpenAIError(f"the engine is not available: {exc}", 503))
+        return error_response(OpenAIError(f"the engine is not available: {exc}", 503))
 
     @app.exception_handler(EngineGenerateError)
     async def _generate_failed(request: Request, exc: EngineGenerateError) -> JSONResponse:
-        return _error(OpenAIError(f"the request failed in the engine: {exc}", 500))
+        return error_response(OpenAIError(f"the request failed in the engine: {exc}", 500))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -243,17 +156,17 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
         message = str(exc.detail)
         if isinstance(exc.__cause__, UnicodeDecodeError):
             message = f"the request body is not valid UTF-8: {exc.__cause__}"
-        return _error(OpenAIError(message, exc.status_code), exc.headers)
+        return error_response(OpenAIError(message, exc.status_code), exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug, not the client's fault; logged with its traceback by uvicorn. Still OpenAI's shape.
-        return _error(OpenAIError(f"internal server error: {type(exc).__name__}", 500))
+        return error_response(OpenAIError(f"internal server error: {type(exc).__name__}", 500))
 
-    admission = _AdmissionCount()
-    app.add_middleware(_AdmissionCount.Middleware, counter=admission)
+    admission = AdmissionCount()
+    app.add_middleware(AdmissionCount.Middleware, counter=admission)
     # Added before the auth guard below, so it runs inside it: unauthenticated bodies are never read.
-    app.add_middleware(_BodyLimit, limit=max_request_body_bytes)
+    app.add_middleware(BodyLimit, limit=max_request_body_bytes)
 
     @app.middleware("http")
     async def _guard(request: Request, call_next: Callable) -> Response:
@@ -262,25 +175,25 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
             header = request.headers.get("authorization", "")
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-                return _error(OpenAIError("Unauthorized: a valid API key is required (Authorization: Bearer <key>)",
-                                          401))
+                return error_response(OpenAIError(
+                    "Unauthorized: a valid API key is required (Authorization: Bearer <key>)", 401))
         return await call_next(request)
 
-    def admit(request: Request) -> OpenAIServing:
+    def admit(request: Request) -> tuple[AsyncLLM, OpenAIServingCompletion, OpenAIServingChat]:
         """Overload guard: beyond the pending-request cap, 503 with Retry-After instead of queueing.
 
-        Counts admitted HTTP requests until their response is over (_AdmissionCount), not the
+        Counts admitted HTTP requests until their response is over (AdmissionCount), not the
         engine's requests: those are registered only once the handler's work starts, so a burst
         would all pass a check against them. Check and count happen with no await in between.
         """
-        engine, serving = holder.require()
+        engine, completion, chat = holder.require()
         if max_pending_requests is not None:
             pending = max(admission.pending, engine.num_unfinished_requests())
             if pending >= max_pending_requests:
                 raise OpenAIError(f"the server is overloaded ({pending} requests pending, limit "
                                   f"{max_pending_requests}); retry later", 503)
             admission.admit(request.scope)
-        return serving
+        return engine, completion, chat
 
     @app.get("/health")
     async def health() -> Response:
@@ -303,7 +216,7 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        engine, _ = holder.require()
+        engine, _, _ = holder.require()
         created = int(time.time())
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "vlite", "root": engine.model_name,
@@ -311,28 +224,22 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        serving = admit(request)
-        result = await serving.create_completion(body)
-        if body.stream:
-            return StreamingResponse(result, media_type="text/event-stream")
-        return await _cancel_on_disconnect(request, _as_json(result))
+        _, completion, _ = admit(request)
+        return await _respond(request, body.stream, await completion.create_completion(body))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        serving = admit(request)
-        result = await serving.create_chat_completion(body)
-        if body.stream:
-            return StreamingResponse(result, media_type="text/event-stream")
-        return await _cancel_on_disconnect(request, _as_json(result))
+        _, _, chat = admit(request)
+        return await _respond(request, body.stream, await chat.create_chat_completion(body))
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        engine, serving = holder.require()
-        serving.check_model(body.model)
+        engine, _, chat = holder.require()
+        chat.check_model(body.model)
         if body.messages is not None:
-            _, tokens = await serving.run_tokenizer(serving.render_chat, body)
+            _, tokens = await chat.run_tokenizer(chat.render_chat, body)
         elif body.prompt is not None:
-            tokens = await serving.run_tokenizer(
+            tokens = await chat.run_tokenizer(
                 lambda: engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
         else:
             raise OpenAIError("either prompt or messages is required", 400, "prompt")
@@ -340,8 +247,8 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
-        engine, serving = holder.require()
-        serving.check_model(body.model)
+        engine, completion, _ = holder.require()
+        completion.check_model(body.model)
         bad = [t for t in body.tokens if not 0 <= t < engine.vocab_size]
         if bad:
             raise OpenAIError(f"tokens contains ids outside the vocabulary [0, {engine.vocab_size}): {bad[:5]}", 400,
@@ -349,6 +256,13 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
         return {"prompt": engine.tokenizer.decode(body.tokens)}
 
     return app
+
+
+async def _respond(request: Request, stream: bool, result: Any) -> Any:
+    """A generation handler's result: an SSE stream, or the JSON body once done (cancelled if the client leaves)."""
+    if stream:
+        return StreamingResponse(result, media_type="text/event-stream")
+    return await _cancel_on_disconnect(request, _as_json(result))
 
 
 async def _as_json(result: Any) -> Any:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from vlite.entrypoints.openai.protocol import CompletionRequest
-from vlite.entrypoints.openai.serving import OpenAIError, OpenAIServing, _Prepared
+from vlite.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vlite.entrypoints.openai.serving_engine import OpenAIError, Prepared
 from vlite.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 @pytest.fixture(scope="module")
 def serving(hf_tokenizer):
-    s = OpenAIServing.__new__(OpenAIServing)  # only the tokenizer is used to format logprobs
+    s = OpenAIServingCompletion.__new__(OpenAIServingCompletion)  # only the tokenizer is used to format logprobs
     s.tokenizer = hf_tokenizer
     return s
 
@@ -35,7 +36,7 @@ def test_echo_logprobs_prompt_then_generated(serving, hf_tokenizer):
            position(generated[1], float("-inf"), 40, (11, -0.5), (12, -0.7))]
     c = CompletionOutput(0, " a test", generated, logprobs=glp, finish_reason="length")
     out = RequestOutput("r", text, prompt, [c], True, prompt_logprobs=plp)
-    p = _Prepared(text, prompt, "r")
+    p = Prepared(text, prompt, "r")
     request = CompletionRequest(prompt=text, echo=True, logprobs=2)
 
     lp = serving._choice_logprobs(request, p, out, c, text, 0)
