@@ -8,11 +8,18 @@ from typing import Any
 import numpy as np
 
 
+def group_starts(counts: np.ndarray) -> np.ndarray:
+    """The index of each group's first element, for consecutive groups of `counts` elements:
+    [2, 3] -> [0, 2] (a request's first logits row, a request's first token in the step)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return np.cumsum(counts) - counts
+
+
 def group_offsets(counts: np.ndarray) -> np.ndarray:
     """Each element's index within its group, for consecutive groups of `counts` elements:
     [2, 3] -> [0, 1, 0, 1, 2] (a request's tokens within the step, a row within its request's rows)."""
     counts = np.asarray(counts, dtype=np.int64)
-    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.arange(int(counts.sum())) - np.repeat(group_starts(counts), counts)
 
 
 def extend_ids(out: list[int], value: Any) -> None:

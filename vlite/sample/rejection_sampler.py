@@ -29,7 +29,7 @@ import torch
 from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.sampler import (LogprobsTensors, gather_logprobs, greedy_argmax, inverse_cdf_sample, process_logits,
                                   target_probs)
-from vlite.utils import group_offsets
+from vlite.utils import group_offsets, group_starts
 
 
 @dataclass
@@ -47,8 +47,7 @@ def rejection_sample(logits: torch.Tensor, md: SamplingMetadata, num_drafts: np.
     """
     num_reqs = len(num_drafts)
     max_drafts = int(num_drafts.max()) if num_reqs else 0
-    starts = np.zeros(num_reqs, dtype=np.int64)
-    np.cumsum(num_drafts[:-1] + 1, out=starts[1:])
+    starts = group_starts(num_drafts + 1)  # each request's first logits row
 
     raw_logprobs, logits = process_logits(logits, md)
 

@@ -31,7 +31,7 @@ from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.rejection_sampler import rejection_sample
 from vlite.sample.sampler import Sampler, gather_logprobs, seeded_generator
 from vlite.sampling_params import SamplingParams
-from vlite.utils import group_offsets
+from vlite.utils import group_offsets, group_starts
 from vlite.worker.device_inputs import DeviceInputs
 from vlite.worker.input_batch import InputBatch
 
@@ -277,12 +277,10 @@ class ModelRunner:
 
         query_start_loc = np.zeros(len(req_ids) + 1, dtype=np.int64)
         np.cumsum(num_scheduled, out=query_start_loc[1:])
-        total = int(query_start_loc[-1])
         req_indices = np.repeat(np.arange(len(req_ids)), num_scheduled)
         token_rows = rows[req_indices]
-        offsets = np.arange(total) - query_start_loc[:-1][req_indices]
         num_computed = batch.num_computed_tokens[rows]
-        positions = num_computed[req_indices] + offsets
+        positions = num_computed[req_indices] + group_offsets(num_scheduled)
         input_ids = batch.token_ids[token_rows, positions]
         block_numbers = batch.block_table[token_rows, positions // self.block_size]
         slot_mapping = block_numbers * self.block_size + positions % self.block_size
@@ -412,11 +410,11 @@ class ModelRunner:
         if lt is not None:
             ids, lps, ranks = lt.token_ids.tolist(), lt.logprobs.tolist(), lt.ranks.tolist()
             num_logprobs = batch.num_logprobs[rows]
-            ends = np.cumsum(counts)
+            starts = group_starts(counts)
             for i, req_id in enumerate(step.req_ids):
                 n = int(num_logprobs[i])
                 if n >= 0:
-                    lo, hi = int(ends[i] - counts[i]), int(ends[i])
+                    lo, hi = int(starts[i]), int(starts[i] + counts[i])
                     result.logprobs[req_id] = ([x[:n + 1] for x in ids[lo:hi]], [x[:n + 1] for x in lps[lo:hi]],
                                                ranks[lo:hi])
         if self.proposer is not None:
@@ -480,8 +478,7 @@ class ModelRunner:
         if not num_drafts.any() or (adaptive and not num_drafts.all()):
             return {}
         # Keep the budget: cut the drafts that would pass it.
-        before = np.cumsum(num_drafts) - num_drafts
-        num_drafts = np.clip(budget - before, 0, num_drafts)
+        num_drafts = np.clip(budget - group_starts(num_drafts), 0, num_drafts)
         if adaptive and not self.draft_policy.batch_pays(acc, rej, match_len, num_drafts):
             return {}
         batch.spec_match_len[rows] = match_len
@@ -495,7 +492,7 @@ class ModelRunner:
         from vlite.structured_output.backend_xgrammar import apply_grammar_bitmask
 
         counts = np.ones(len(step.req_ids), dtype=np.int64) if step.num_drafts is None else step.num_drafts + 1
-        first_row = dict(zip(step.req_ids, (np.cumsum(counts) - counts).tolist()))
+        first_row = dict(zip(step.req_ids, group_starts(counts).tolist()))
         seen: dict[str, int] = {}
         pairs = []
         for i, req_id in enumerate(grammar_output.req_ids):
