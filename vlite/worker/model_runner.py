@@ -58,6 +58,28 @@ class CachedRequestState:
 
 
 @dataclass
+class StepInputs:
+    """A step's inputs, as _prepare_inputs derives them from the SchedulerOutput and the persistent
+    batch: the forward's (on the model's device) and what sampling and prompt logprobs read on the
+    host. The scheduled requests are in batch-row order."""
+
+    req_ids: list[str]
+    rows: np.ndarray  # [R] their InputBatch rows
+    num_scheduled: np.ndarray  # [R] tokens each computes in this step
+    query_start_loc: np.ndarray  # [R + 1] where each request's tokens start in the step's T tokens
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    attn_metadata: Any  # the attention backend's, built once for every layer
+    logits_indices: torch.Tensor  # rows of the hidden states that get logits: each sampling request's last
+    sample_req_ids: list[str]  # the requests that sample a token (a prompt chunk that ends its prompt, decodes)
+    sample_rows: np.ndarray
+    # Speculative decoding (None without drafts): logits are taken at a request's last 1 + its drafts
+    # positions, the drafts verified against them after the forward.
+    num_drafts: Optional[np.ndarray] = None  # [len(sample_req_ids)]
+    draft_token_ids: Optional[np.ndarray] = None  # all of them, flat, requests in order
+
+
+@dataclass
 class _StepState:
     req_ids: list[str]  # sampled requests, in order
     rows: np.ndarray  # their batch rows
@@ -214,27 +236,27 @@ class ModelRunner:
             if scheduler_output.total_num_scheduled_tokens == 0:
                 return
             inputs = self._prepare_inputs(scheduler_output)
-            if self._fault_token_id is not None and bool((inputs["input_ids"] == self._fault_token_id).any()):
+            if self._fault_token_id is not None and bool((inputs.input_ids == self._fault_token_id).any()):
                 raise RuntimeError(f"injected fault: token id {self._fault_token_id} scheduled")
         with section("forward"):  # the paged_attention calls inside are timed as "attention"
-            if inputs["num_drafts"] is None:
+            if inputs.num_drafts is None:
                 hidden = self._forward(inputs)
             else:  # the kernels' precision as for the step's rows without drafts (precise_rows)
-                with precise_rows(len(inputs["input_ids"]) - int(inputs["num_drafts"].sum())):
+                with precise_rows(len(inputs.input_ids) - int(inputs.num_drafts.sum())):
                     hidden = self._forward(inputs)
-            logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
-            prompt_logprobs = self._compute_prompt_logprobs(so=scheduler_output, hidden=hidden, inputs=inputs)
-        self._step = _StepState(inputs["sample_req_ids"], inputs["sample_rows"], logits, prompt_logprobs,
-                                inputs["num_drafts"], inputs["draft_token_ids"])
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            prompt_logprobs = self._compute_prompt_logprobs(hidden, inputs)
+        self._step = _StepState(inputs.sample_req_ids, inputs.sample_rows, logits, prompt_logprobs,
+                                inputs.num_drafts, inputs.draft_token_ids)
 
-    def _forward(self, inputs: dict) -> torch.Tensor:
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model's hidden states for the step: a CUDA-graph replay for all-decode steps, else eager."""
         graphs = self.cuda_graphs
-        size = graphs.padded_size(len(inputs["rows"]), int(inputs["query_start_loc"][-1])) if graphs else None
+        size = graphs.padded_size(len(inputs.rows), int(inputs.query_start_loc[-1])) if graphs else None
         if size is None:
-            return self.model(inputs["input_ids"], inputs["positions"], self.kv_caches, inputs["attn_metadata"])
-        md = inputs["attn_metadata"]
-        return graphs.run(size, inputs["input_ids"], inputs["positions"], md.slot_mapping, md.seq_lens, md.block_table)
+            return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        md = inputs.attn_metadata
+        return graphs.run(size, inputs.input_ids, inputs.positions, md.slot_mapping, md.seq_lens, md.block_table)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -265,7 +287,7 @@ class ModelRunner:
             n = int(batch.num_tokens[row])
             batch.token_ids[row, n:n + len(drafts)] = drafts
 
-    def _prepare_inputs(self, so: SchedulerOutput) -> dict:
+    def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         batch = self.input_batch
         req_ids = list(so.num_scheduled_tokens)
         rows = np.fromiter((batch.req_id_to_index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
@@ -317,22 +339,11 @@ class ModelRunner:
             dev["query_start_loc"], dev["seq_lens"], dev["block_table"], dev["slot_mapping"], self.block_size,
             self.attention_windows, max_query_len=int(num_scheduled.max()),
             max_decode_query_len=max_decode_query_len, decode_rows_below=self.prefill_decode_rows_below)
-        return {
-            "num_drafts": num_drafts,
-            "draft_token_ids": draft_token_ids,
-            "input_ids": dev["input_ids"],
-            "positions": dev["positions"],
-            "attn_metadata": attn_metadata,
-            "logits_indices": dev["logits_indices"],
-            "sample_req_ids": sample_req_ids,
-            "sample_rows": rows[sample_mask],
-            "req_ids": req_ids,
-            "rows": rows,
-            "query_start_loc": query_start_loc,
-            "num_scheduled": num_scheduled,
-        }
+        return StepInputs(req_ids, rows, num_scheduled, query_start_loc, dev["input_ids"], dev["positions"],
+                          attn_metadata, dev["logits_indices"], sample_req_ids, rows[sample_mask], num_drafts,
+                          draft_token_ids)
 
-    def _compute_prompt_logprobs(self, so: SchedulerOutput, hidden: torch.Tensor, inputs: dict) -> dict:
+    def _compute_prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict:
         """Logprobs of each prompt token given the tokens before it, for requests that ask.
 
         The hidden state at position p predicts token p+1; a chunk covering positions
@@ -340,7 +351,7 @@ class ModelRunner:
         """
         batch = self.input_batch
         out: dict = {}
-        for i, (req_id, row) in enumerate(zip(inputs["req_ids"], inputs["rows"])):
+        for i, (req_id, row) in enumerate(zip(inputs.req_ids, inputs.rows)):
             params = batch.sampling_params[row]
             if params is None or params.prompt_logprobs is None:
                 continue
@@ -348,10 +359,10 @@ class ModelRunner:
             start = int(batch.num_computed_tokens[row])
             n_prompt = int(batch.num_prompt_tokens[row])
             first = max(start, state.num_prompt_logprobs_done)  # position whose successor is scored
-            end = min(start + int(inputs["num_scheduled"][i]), n_prompt - 1)
+            end = min(start + int(inputs.num_scheduled[i]), n_prompt - 1)
             if end <= first:
                 continue
-            q0 = int(inputs["query_start_loc"][i])
+            q0 = int(inputs.query_start_loc[i])
             logprobs = torch.log_softmax(self.model.compute_logits(hidden[q0 + first - start:q0 + end - start]), -1)
             targets = torch.from_numpy(batch.token_ids[row, first + 1:end + 1].copy()).to(self.device)
             k = params.prompt_logprobs if params.prompt_logprobs >= 0 else self.vocab_size
