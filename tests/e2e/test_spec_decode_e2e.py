@@ -158,12 +158,12 @@ def test_seeded_sampling_independent_of_batch(llm_spec, prompts):
 def test_verify_steps_reuse_sampling_metadata_without_per_row_fields(llm_spec, monkeypatch):
     """A greedy request without processors: one SamplingMetadata serves its prompt step and its verify
     steps, whose logits rows repeat the request (it was rebuilt at each verify step, ~0.1 ms)."""
-    runner = llm_spec.llm_engine.engine_core.executor.model_runner
+    batch = llm_spec.llm_engine.engine_core.executor.model_runner.input_batch
     built, asked = [], []
-    build, make = runner._build_sampling_metadata, runner._make_sampling_metadata
-    monkeypatch.setattr(runner, "_build_sampling_metadata",
+    build, make = batch._build_sampling_metadata, batch.make_sampling_metadata
+    monkeypatch.setattr(batch, "_build_sampling_metadata",
                         lambda rows, offsets=None: built.append(len(rows)) or build(rows, offsets))
-    monkeypatch.setattr(runner, "_make_sampling_metadata",
+    monkeypatch.setattr(batch, "make_sampling_metadata",
                         lambda rows, offsets=None: asked.append(len(rows)) or make(rows, offsets))
     text = "one two three four five one two three four five one two three four five one two"
     ref = llm_spec.generate(text, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)

@@ -27,9 +27,8 @@ from vlite.layers.quantization import QuantizationPlan, precise_rows
 from vlite.model_loader import ModelArchConfig
 from vlite.models.registry import build_model
 from vlite.profiler import section
-from vlite.sample.metadata import SamplingMetadata
 from vlite.sample.rejection_sampler import rejection_sample
-from vlite.sample.sampler import Sampler, gather_logprobs, seeded_generator
+from vlite.sample.sampler import Sampler, gather_logprobs
 from vlite.sampling_params import SamplingParams
 from vlite.utils import group_offsets, group_starts
 from vlite.worker.device_inputs import DeviceInputs
@@ -122,7 +121,6 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = block_size
         self.vocab_size = arch.vocab_size
-        self.eos_token_ids = list(eos_token_ids)
         self.quantization = quantization
         self.model = build_model(arch, weights, quantization, dtype).eval().to(self.device)  # the registry's class
         self.tp = get_tp_group()  # tensor parallelism: rank 0 samples, the others take its tokens
@@ -136,7 +134,8 @@ class ModelRunner:
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(arch.num_hidden_layers)]
         max_blocks_per_req = -(-(max_model_len + 1) // block_size)
-        self._input_batch_args = (max_num_reqs, max_model_len, max_blocks_per_req, arch.vocab_size)
+        self._input_batch_args = (max_num_reqs, max_model_len, max_blocks_per_req, arch.vocab_size,
+                                  eos_token_ids, self.device)
         self.input_batch = InputBatch(*self._input_batch_args)
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
@@ -157,7 +156,6 @@ class ModelRunner:
             self.draft_policy = DraftPolicy(k, self._measure_verify_cost(max_tokens, num_blocks),
                                             max_tokens=max_tokens)
         self._step: _StepState | None = None
-        self._md_cache: tuple[tuple, SamplingMetadata, Optional[tuple]] | None = None
         # Fault injection for reliability tests: a step computing this token id raises.
         fault = os.environ.get("VLITE_FAULT_INJECT_TOKEN_ID")
         self._fault_token_id = int(fault) if fault else None
@@ -224,7 +222,6 @@ class ModelRunner:
         """
         self.input_batch = InputBatch(*self._input_batch_args)
         self._step = None
-        self._md_cache = None
 
     # ---- execute_model -------------------------------------------------------------------
 
@@ -384,7 +381,7 @@ class ModelRunner:
         batch = self.input_batch
         rows = step.rows
         if step.num_drafts is None:
-            metadata = self._make_sampling_metadata(rows)
+            metadata = batch.make_sampling_metadata(rows)
             if grammar_output is not None:
                 with section("grammar_mask"):
                     self._apply_grammar_bitmask(step, grammar_output)
@@ -397,7 +394,7 @@ class ModelRunner:
             counts = step.num_drafts + 1
             # Logits row i of request b scores the token after its first i drafts.
             offsets = group_offsets(counts)
-            metadata = self._make_sampling_metadata(np.repeat(rows, counts), offsets)
+            metadata = batch.make_sampling_metadata(np.repeat(rows, counts), offsets)
             if grammar_output is not None:
                 with section("grammar_mask"):
                     self._apply_grammar_bitmask(step, grammar_output)
@@ -522,122 +519,3 @@ class ModelRunner:
         full = bitmask.new_full((num_rows, bitmask.shape[1]), -1)
         full[[a for a, _ in pairs]] = bitmask[[b for _, b in pairs]]
         apply_grammar_bitmask(step.logits, full, [a for a, _ in pairs])
-
-    def _make_sampling_metadata(self, rows: np.ndarray, offsets: Optional[np.ndarray] = None) -> SamplingMetadata:
-        """The step's SamplingMetadata; reused while the same rows are sampled with nothing that
-        changes per step (penalties' token lists, min_tokens, sparse processors).
-
-        `offsets` (speculative decoding): logits row i scores the token after offsets[i] drafts of
-        its request (rows[i] repeats), which count as output tokens for penalties and processors.
-        """
-        b = self.input_batch
-        key = (b.version, rows.tobytes(), None if offsets is None else offsets.tobytes())
-        # Metadata without a per-row field (all greedy, no processors or penalties: flags and the logprobs
-        # count only) fits any number of logits rows of the same requests: verify steps of any draft count reuse it.
-        cached = self._md_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        distinct = rows if offsets is None else rows[offsets == 0]  # a request's first row: offset 0
-        shared_key = (b.version, distinct.tobytes())
-        if cached is not None and cached[2] == shared_key:
-            self._md_cache = (key, cached[1], shared_key)
-            return cached[1]
-        md = self._build_sampling_metadata(rows, offsets)
-        per_step = (not md.no_penalties or md.min_tokens is not None or md.disallowed_mask is not None
-                    or md.logit_bias is not None or md.bad_words_token_ids or (b.min_tokens[rows] > 0).any()
-                    or md.generators)
-        # (per_step metadata is not kept at all: penalties, processors and generators are covered there)
-        per_row = md.temperature is not None or md.top_p is not None or md.top_k is not None or md.min_p is not None
-        if self.device.type != "cpu":
-            md = md.to(self.device)
-        self._md_cache = None if per_step else (key, md, None if per_row else shared_key)
-        return md
-
-    def _build_sampling_metadata(self, rows: np.ndarray, offsets: Optional[np.ndarray] = None) -> SamplingMetadata:
-        b = self.input_batch
-        temperature = b.temperature[rows]
-        greedy = temperature < 1e-5
-        top_p, top_k, min_p = b.top_p[rows], b.top_k[rows], b.min_p[rows]
-        num_logprobs = b.num_logprobs[rows]
-        # batch row -> its logits rows (several per request verifying drafts)
-        positions: dict[int, list[int]] = {}
-        for i, r in enumerate(rows.tolist()):
-            positions.setdefault(r, []).append(i)
-        num_tokens = b.num_tokens[rows] if offsets is None else b.num_tokens[rows] + offsets
-
-        def col(values: np.ndarray, neutral: float) -> torch.Tensor | None:
-            return torch.from_numpy(values) if (values != neutral).any() else None
-
-        md = SamplingMetadata(
-            temperature=None if greedy.all() else torch.from_numpy(temperature),
-            all_greedy=bool(greedy.all()),
-            all_random=bool((~greedy).all()),
-            top_p=col(top_p, 1.0),
-            top_k=torch.from_numpy(np.where(top_k > 0, top_k, self.vocab_size)) if (top_k > 0).any() else None,
-            min_p=col(min_p, 0.0),
-            # A seeded request draws the uniform of output token t from a generator keyed by (seed, t):
-            # its tokens then depend on nothing else, not even on how many drafts a step verified.
-            generators={i: seeded_generator(seed, int(num_tokens[i] - b.num_prompt_tokens[r]))
-                        for r, seed in b.seeds.items() if b.temperature[r] >= 1e-5 for i in positions.get(r, ())},
-            max_num_logprobs=int(num_logprobs.max()) if (num_logprobs >= 0).any() else None,
-            presence_penalties=col(b.presence_penalty[rows], 0.0),
-            frequency_penalties=col(b.frequency_penalty[rows], 0.0),
-            repetition_penalties=col(b.repetition_penalty[rows], 1.0),
-        )
-        if not md.no_penalties:
-            md.prompt_token_ids, md.output_token_ids = self._padded_token_ids(rows, num_tokens)
-        self._add_sparse_processors(md, rows, positions, num_tokens)
-        return md
-
-    def _padded_token_ids(self, rows: np.ndarray, n_total: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompt and output ids of the rows (outputs: the first n_total tokens), right-padded with
-        vocab_size (an id that never occurs)."""
-        b = self.input_batch
-        n_prompt = b.num_prompt_tokens[rows]
-        max_prompt = int(n_prompt.max())
-        max_out = max(int((n_total - n_prompt).max()), 1)
-        j = np.arange(max_prompt)
-        prompt = np.where(j < n_prompt[:, None], b.token_ids[rows, :max_prompt], self.vocab_size)
-        k = n_prompt[:, None] + np.arange(max_out)
-        out = np.where(k < n_total[:, None], b.token_ids[rows[:, None], np.minimum(k, b.token_ids.shape[1] - 1)],
-                       self.vocab_size)
-        return torch.from_numpy(prompt), torch.from_numpy(out)
-
-    def _add_sparse_processors(self, md: SamplingMetadata, rows: np.ndarray, positions: dict[int, list[int]],
-                               num_tokens: np.ndarray) -> None:
-        b = self.input_batch
-        if any(r in positions for r in b.allowed_token_ids):
-            mask = torch.zeros(len(rows), self.vocab_size, dtype=torch.bool)
-            for r, ids in b.allowed_token_ids.items():
-                for i in positions.get(r, ()):
-                    mask[i] = True
-                    mask[i, ids] = False
-            md.disallowed_mask = mask
-        bias_rows, bias_ids, bias_vals = [], [], []
-        for r, bias in b.logit_bias.items():
-            for i in positions.get(r, ()):
-                bias_rows += [i] * len(bias)
-                bias_ids += list(bias)
-                bias_vals += list(bias.values())
-        if bias_rows:
-            md.logit_bias = (torch.tensor(bias_rows), torch.tensor(bias_ids), torch.tensor(bias_vals))
-        min_rows, min_ids = [], []
-        for r, pos in positions.items():
-            if b.min_tokens[r] <= 0:
-                continue
-            for i in pos:
-                if num_tokens[i] - b.num_prompt_tokens[r] < b.min_tokens[r]:
-                    params = b.sampling_params[r]
-                    ids = list(b.stop_token_ids.get(r, [])) + ([] if params and params.ignore_eos
-                                                               else self.eos_token_ids)
-                    min_rows += [i] * len(ids)
-                    min_ids += ids
-        if min_rows:
-            md.min_tokens = (torch.tensor(min_rows), torch.tensor(min_ids))
-        for r, words in b.bad_words.items():
-            longest = max(len(w) for w in words)
-            for i in positions.get(r, ()):
-                md.bad_words_token_ids[i] = words
-                end = int(num_tokens[i])
-                start = max(int(b.num_prompt_tokens[r]), end - longest)
-                md.output_token_lists[i] = b.token_ids[r, start:end].tolist()
