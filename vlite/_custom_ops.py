@@ -140,7 +140,8 @@ def load(isa: Optional[str] = None) -> Optional[Any]:
     """The kernel module for `isa` (default: `requested_isa()`), or None where it cannot be built
     (disabled, no compiler, ...): callers then run their torch path.
 
-    module.quant_linear(x [M, K], qt, scales, mins, fmt, sub, n, residual, precise, out_dtype) -> [M, N]
+    module.quant_linear(x [M, K], qt, scales, mins, fmt, sub, n, residual, precise, out_dtype, precise_rows)
+    -> [M, N]
     (row-tiled weights, see vlite/layers/packed.py); module.dequantize(...);
     module.paged_decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale).
     """

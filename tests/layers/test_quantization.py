@@ -313,19 +313,21 @@ def test_float32_residual_row_only_in_small_steps(ops):
 
 
 def test_precise_rows_decide_for_the_whole_step(ops):
-    """set_precise_rows(n) (the runner's precise_rows: a verify step's rows less its drafts): a 12-row
-    call computes every row as a 1-row call does, bit for bit; back at -1 the call's own rows decide."""
+    """precise_rows=n (the step's, from TorchSDPAMetadata.precise_rows: a verify step's rows less its
+    drafts): a 12-row call computes every row as a 1-row call does, bit for bit; without it the call's
+    own rows decide."""
     p = random_packed("q4", 48, 96)
     t = p.tiled()
     args = (t.qt, t.scales, t.mins, t.fmt, t.sub, t.n)
     x = torch.randn(12, 96, generator=torch.Generator().manual_seed(5))
     alone = torch.cat([ops.quant_linear(x[i:i + 1], *args) for i in range(12)])
-    ops.set_precise_rows(1)
-    try:
-        assert torch.equal(ops.quant_linear(x, *args), alone)
-    finally:
-        ops.set_precise_rows(-1)
+    assert torch.equal(ops.quant_linear(x, *args, precise_rows=1), alone)
     assert not torch.equal(ops.quant_linear(x, *args), alone)  # 12 rows: a single int8 row each
+    # the layer passes it down (the model's linear layers read it from the step's attention metadata)
+    layer = QuantizedLinear(p, torch.float32)  # on the default build's kernels
+    alone = torch.cat([linear(x[i:i + 1], layer) for i in range(12)])
+    assert torch.equal(linear(x, layer, precise_rows=1), alone)
+    assert not torch.equal(linear(x, layer), alone)
 
 
 @pytest.mark.parametrize("fmt,sub,scale_dtype,mins", [LAYOUTS[0], LAYOUTS[2]])

@@ -33,9 +33,9 @@ class TorchSDPABackend:
                        slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
                        max_query_len: Optional[int] = None,
                        max_decode_query_len: Union[int, torch.Tensor] = 1,
-                       decode_rows_below: int = 0) -> torch_sdpa.TorchSDPAMetadata:
+                       decode_rows_below: int = 0, precise_rows: Optional[int] = None) -> torch_sdpa.TorchSDPAMetadata:
         return torch_sdpa.build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, block_size, windows,
-                                         max_decode_query_len, decode_rows_below, max_query_len)
+                                         max_decode_query_len, decode_rows_below, max_query_len, precise_rows)
 
 
 BACKENDS = ("TORCH_SDPA", "TRITON_ATTN")

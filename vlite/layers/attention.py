@@ -67,7 +67,8 @@ class Attention(nn.Module):
                 attn_metadata: TorchSDPAMetadata, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The attention block's output, plus `residual` (the layer's skip connection) when given."""
         h, hkv = self.num_heads, self.num_kv_heads
-        qkv = linear(x, self.qkv_weight, self.qkv_bias)
+        precise_rows = attn_metadata.precise_rows
+        qkv = linear(x, self.qkv_weight, self.qkv_bias, precise_rows=precise_rows)
         if self.q_norm is not None and self.qk_norm_full:
             q_end = self.q_size
             qkv[:, :q_end] = self.q_norm(qkv[:, :q_end])
@@ -95,6 +96,7 @@ class Attention(nn.Module):
         v = qkv[:, h + hkv:]
         o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale, self.window, self.softcap)
         if self.tp is None:
-            return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual)
-        out = linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual if self.tp.is_driver else None)
+            return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual, precise_rows=precise_rows)
+        out = linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual if self.tp.is_driver else None,
+                     precise_rows=precise_rows)
         return self.tp.all_reduce(out)

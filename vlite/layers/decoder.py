@@ -48,7 +48,7 @@ class DecoderLayer(nn.Module):
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
         # the skip connections go into the output projections (added in float32 by the quantized kernels)
         hidden = self.self_attn(rope, self.input_layernorm(hidden), kv_cache, attn_metadata, residual=hidden)
-        return self.mlp(self.post_attention_layernorm(hidden), residual=hidden)
+        return self.mlp(self.post_attention_layernorm(hidden), residual=hidden, precise_rows=attn_metadata.precise_rows)
 
 
 class SandwichDecoderLayer(nn.Module):
@@ -78,7 +78,8 @@ class SandwichDecoderLayer(nn.Module):
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
         attn = self.self_attn(rope, self.input_layernorm(hidden), kv_cache, attn_metadata)
         hidden = hidden + self.post_attention_layernorm(attn)
-        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
+        mlp = self.mlp(self.pre_feedforward_layernorm(hidden), precise_rows=attn_metadata.precise_rows)
+        return hidden + self.post_feedforward_layernorm(mlp)
 
 
 class PostNormDecoderLayer(nn.Module):
@@ -100,7 +101,7 @@ class PostNormDecoderLayer(nn.Module):
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata) -> torch.Tensor:
         hidden = hidden + self.post_attention_layernorm(self.self_attn(rope, hidden, kv_cache, attn_metadata))
-        return hidden + self.post_feedforward_layernorm(self.mlp(hidden))
+        return hidden + self.post_feedforward_layernorm(self.mlp(hidden, precise_rows=attn_metadata.precise_rows))
 
 
 class CausalLM(nn.Module):

@@ -37,15 +37,17 @@ class GatedMLP(nn.Module):
         self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
         self.ops = fast_ops(plan) if self.intermediate_size % 16 == 0 and not self.gelu else None
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The block's output, plus `residual` (the layer's skip connection) when given."""
-        gate_up = linear(x, self.gate_up_weight, self.gate_up_bias)
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
+                precise_rows: Optional[int] = None) -> torch.Tensor:
+        """The block's output, plus `residual` (the layer's skip connection) when given; `precise_rows`:
+        the step's, for the quantized kernels (TorchSDPAMetadata.precise_rows)."""
+        gate_up = linear(x, self.gate_up_weight, self.gate_up_bias, precise_rows=precise_rows)
         if self.ops is not None:
             act = self.ops.silu_and_mul(gate_up)
         else:
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
             act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
         if self.tp is None:
-            return linear(act, self.down_weight, self.down_bias, residual)
+            return linear(act, self.down_weight, self.down_bias, residual, precise_rows=precise_rows)
         return self.tp.all_reduce(linear(act, self.down_weight, self.down_bias,
-                                         residual if self.tp.is_driver else None))
+                                         residual if self.tp.is_driver else None, precise_rows=precise_rows))

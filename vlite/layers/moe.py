@@ -57,8 +57,10 @@ class SparseMoE(nn.Module):
             for e in range(cfg.num_experts))
         self._expert_list = list(self.experts)  # indexed per step without nn.ModuleList's lookups
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The block's output for x [tokens, hidden], plus `residual` (the layer's skip connection)."""
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
+                precise_rows: Optional[int] = None) -> torch.Tensor:
+        """The block's output for x [tokens, hidden], plus `residual` (the layer's skip connection);
+        `precise_rows` as GatedMLP's (None: each expert's call counts its own rows)."""
         n = x.shape[0]
         weights, ids = route(F.linear(x, self.gate_weight), self.top_k, self.renormalize)
         # The pairs rank-major (rank j, then token): a stable sort by expert keeps, within each expert,
@@ -71,7 +73,8 @@ class SparseMoE(nn.Module):
         start = 0
         for e, count in enumerate(torch.bincount(flat, minlength=self.num_experts).tolist()):
             if count:
-                out_rows[start:start + count] = self._expert_list[e](rows[start:start + count])
+                out_rows[start:start + count] = self._expert_list[e](rows[start:start + count],
+                                                                     precise_rows=precise_rows)
                 start += count
         out_rows *= weights.t().reshape(-1)[order].to(x.dtype)[:, None]
         out = torch.zeros_like(x).index_add_(0, tokens, out_rows)

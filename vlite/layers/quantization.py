@@ -21,9 +21,8 @@ the layer keeps only the dense weight, so a model always loads.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -93,15 +92,20 @@ class QuantizedLinear(nn.Module):
         return dequantize_packed(self.tiled, dtype, out)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
-                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                out_dtype: Optional[torch.dtype] = None, precise_rows: Optional[int] = None) -> torch.Tensor:
         """x @ W.T, plus `residual` (a skip connection; the kernels add it in float32 as they write).
         `out_dtype` (float32 for logits): the kernels write their float32 sums as that dtype, where
-        x's would round them (bf16 logits ~20 apart by 1/16: near-ties and coarse logprobs)."""
+        x's would round them (bf16 logits ~20 apart by 1/16: near-ties and coarse logprobs).
+        `precise_rows`: the row count that gives float32 activations their residual row (`precise`),
+        in place of x's: a speculative verify step passes its rows less its drafts, so that every
+        request's rows are computed as they are without speculation (the rule turns at
+        `precise_max_rows()` rows, where a 9-row verify step of one request would otherwise drop the
+        residual row its 1-row decode steps keep, and a greedy output could take another token)."""
         if self.ops is not None and x.dim() == 2 and (self.dense_above is None or x.shape[0] <= self.dense_above):
             # the decode fast path
             if residual is not None and (residual.dtype != (out_dtype or x.dtype) or not residual.is_contiguous()):
-                return self.ops.quant_linear(x, *self._args, None, self.precise, out_dtype) + residual
-            return self.ops.quant_linear(x, *self._args, residual, self.precise, out_dtype)
+                return self.ops.quant_linear(x, *self._args, None, self.precise, out_dtype, precise_rows) + residual
+            return self.ops.quant_linear(x, *self._args, residual, self.precise, out_dtype, precise_rows)
         if self.ops is None:
             out = F.linear(x, self.dense)
         else:
@@ -111,7 +115,7 @@ class QuantizedLinear(nn.Module):
                     x.dtype, out=_scratch(self.out_features, self.in_features, x.dtype))
                 out = F.linear(x, w)
             else:
-                out = self.ops.quant_linear(x2d, *self._args, None, self.precise, out_dtype).view(
+                out = self.ops.quant_linear(x2d, *self._args, None, self.precise, out_dtype, precise_rows).view(
                     *x.shape[:-1], self.out_features)
         if out_dtype is not None:
             out = out.to(out_dtype)
@@ -135,32 +139,14 @@ class ConcatLinear(nn.Module):
         return torch.cat([p.dequantize(dtype) for p in self.parts])
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
-                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        out = torch.cat([p.forward(x, out_dtype=out_dtype) for p in self.parts], dim=-1)
+                out_dtype: Optional[torch.dtype] = None, precise_rows: Optional[int] = None) -> torch.Tensor:
+        out = torch.cat([p.forward(x, out_dtype=out_dtype, precise_rows=precise_rows) for p in self.parts], dim=-1)
         return out if residual is None else out + residual
 
 
 LinearWeight = Union[torch.Tensor, QuantizedLinear, ConcatLinear]
 
 _SCRATCH: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
-
-
-@contextmanager
-def precise_rows(num_rows: int) -> Iterator[None]:
-    """Within it, the kernels give float32 activations their residual row (`precise`) as in a step of
-    `num_rows` rows, whatever rows a call has. A speculative verify step passes its rows less its
-    drafts, so every request's rows are computed as they are without speculation: the rule turns at
-    `precise_max_rows()` rows, where a 9-row verify step of one request would otherwise drop the
-    residual row its 1-row decode steps keep, and a greedy output could take another token."""
-    ops = _custom_ops.load()
-    if ops is None:
-        yield
-        return
-    ops.set_precise_rows(num_rows)
-    try:
-        yield
-    finally:
-        ops.set_precise_rows(-1)
 
 
 def _scratch(n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -257,12 +243,14 @@ def _dense(weight: Union[torch.Tensor, PackedTensors, StackedPacked], dtype: tor
 
 
 def linear(x: torch.Tensor, weight: LinearWeight, bias: Optional[torch.Tensor] = None,
-           residual: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """x @ W.T (+ bias) (+ residual), as out_dtype if given (quantized weights: see QuantizedLinear)."""
+           residual: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+           precise_rows: Optional[int] = None) -> torch.Tensor:
+    """x @ W.T (+ bias) (+ residual), as out_dtype if given (quantized weights: see QuantizedLinear, also
+    for `precise_rows`, which dense weights ignore)."""
     if isinstance(weight, (QuantizedLinear, ConcatLinear)):
         if bias is None:
-            return weight.forward(x, residual, out_dtype)
-        out = weight.forward(x, out_dtype=out_dtype) + bias
+            return weight.forward(x, residual, out_dtype, precise_rows)
+        out = weight.forward(x, out_dtype=out_dtype, precise_rows=precise_rows) + bias
     else:
         out = F.linear(x, weight, bias)
         if out_dtype is not None:

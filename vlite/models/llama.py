@@ -75,5 +75,5 @@ class LlamaForCausalLM(CausalLM):
         hidden = self.embed(input_ids)
         rope = self.rope(positions, hidden.dtype)
         hidden = self._fused_stack.forward(hidden, *rope, kv_caches, attn_metadata.slot_mapping, d.block_table,
-                                           d.seq_lens, self._attn_scale)
+                                           d.seq_lens, self._attn_scale, attn_metadata.precise_rows)
         return self.norm(hidden)

@@ -23,7 +23,7 @@ from vlite.attention.selector import get_attn_backend
 from vlite.config import SpeculativeConfig
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from vlite.distributed.parallel_state import get_tp_group
-from vlite.layers.quantization import QuantizationPlan, precise_rows
+from vlite.layers.quantization import QuantizationPlan
 from vlite.model_loader import ModelArchConfig
 from vlite.models.registry import build_model
 from vlite.profiler import section
@@ -193,11 +193,11 @@ class ModelRunner:
                 slots = block_table[0, positions // self.block_size] * self.block_size + positions % self.block_size
                 metadata = self.attn_backend.build_metadata(
                     torch.tensor([0, q]), torch.tensor([context + q]), block_table, slots, self.block_size,
-                    self.attention_windows, max_query_len=q, max_decode_query_len=self.max_decode_query_len)
+                    self.attention_windows, max_query_len=q, max_decode_query_len=self.max_decode_query_len,
+                    precise_rows=1)  # as a verify step of one request runs
                 input_ids = torch.randint(0, self.vocab_size, (q,))
                 start = time.perf_counter()
-                with precise_rows(1):  # as a verify step of one request runs
-                    hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+                hidden = self.model(input_ids, positions, self.kv_caches, metadata)
                 self.model.compute_logits(hidden)
                 best[q - 1] = min(best[q - 1], time.perf_counter() - start)
         for cache in self.kv_caches:  # back to the pool's initial state
@@ -236,11 +236,7 @@ class ModelRunner:
             if self._fault_token_id is not None and bool((inputs.input_ids == self._fault_token_id).any()):
                 raise RuntimeError(f"injected fault: token id {self._fault_token_id} scheduled")
         with section("forward"):  # the paged_attention calls inside are timed as "attention"
-            if inputs.num_drafts is None:
-                hidden = self._forward(inputs)
-            else:  # the kernels' precision as for the step's rows without drafts (precise_rows)
-                with precise_rows(len(inputs.input_ids) - int(inputs.num_drafts.sum())):
-                    hidden = self._forward(inputs)
+            hidden = self._forward(inputs)
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             prompt_logprobs = self._compute_prompt_logprobs(hidden, inputs)
         self._step = _StepState(inputs.sample_req_ids, inputs.sample_rows, logits, prompt_logprobs,
@@ -308,7 +304,7 @@ class ModelRunner:
         sample_mask = np.fromiter((r in so.sample_req_ids for r in req_ids), dtype=bool, count=len(req_ids))
         logits_indices = (query_start_loc[1:] - 1)[sample_mask]
         sample_req_ids = [r for r, m in zip(req_ids, sample_mask) if m]
-        num_drafts = draft_token_ids = None
+        num_drafts = draft_token_ids = precise_rows = None
         spec = so.scheduled_spec_decode_tokens
         if spec:
             drafts_per_req = np.fromiter((len(spec.get(r, ())) for r in req_ids), dtype=np.int64, count=len(req_ids))
@@ -318,6 +314,8 @@ class ModelRunner:
             first = np.repeat(logits_indices - num_drafts, counts)
             logits_indices = first + group_offsets(counts)
             draft_token_ids = np.fromiter((t for r in sample_req_ids for t in spec.get(r, ())), dtype=np.int64)
+            # the kernels' precision as for the step's rows without drafts (QuantizedLinear.forward)
+            precise_rows = int(num_scheduled.sum()) - len(draft_token_ids)
             # decode rows: the verify chunks only (1 + drafts tokens), not a prompt chunk as short; where
             # every chunk is one, the step's longest says so (the metadata's all-decode-rows fast path)
             verify_lens = 1 + drafts_per_req
@@ -335,7 +333,8 @@ class ModelRunner:
         attn_metadata = self.attn_backend.build_metadata(
             dev["query_start_loc"], dev["seq_lens"], dev["block_table"], dev["slot_mapping"], self.block_size,
             self.attention_windows, max_query_len=int(num_scheduled.max()),
-            max_decode_query_len=max_decode_query_len, decode_rows_below=self.prefill_decode_rows_below)
+            max_decode_query_len=max_decode_query_len, decode_rows_below=self.prefill_decode_rows_below,
+            precise_rows=precise_rows)
         return StepInputs(req_ids, rows, num_scheduled, query_start_loc, dev["input_ids"], dev["positions"],
                           attn_metadata, dev["logits_indices"], sample_req_ids, rows[sample_mask], num_drafts,
                           draft_token_ids)

@@ -134,6 +134,9 @@ class TorchSDPAMetadata:
     window: int = 0  # the keys each query of this view sees: 0 = all before it, w = its last w
     # The same step seen by the model's layers of other windows (Gemma 3: global and sliding layers).
     others: dict[int, TorchSDPAMetadata] = field(default_factory=dict)
+    # For the step's linear layers rather than attention: the row count that decides the quantized
+    # kernels' float32 residual row (vlite.layers.quantization.linear); None: each call's own rows.
+    precise_rows: Optional[int] = None
 
     def for_window(self, window: int) -> TorchSDPAMetadata:
         """The view of the step that layers attending through `window` read."""
@@ -175,7 +178,8 @@ def _build_prefill_chunks(rows: torch.Tensor, query_start_loc: torch.Tensor, que
 def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                    slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
                    max_decode_query_len: Union[int, torch.Tensor] = 1,
-                   decode_rows_below: int = 0, max_query_len: Optional[int] = None) -> TorchSDPAMetadata:
+                   decode_rows_below: int = 0, max_query_len: Optional[int] = None,
+                   precise_rows: Optional[int] = None) -> TorchSDPAMetadata:
     """All inputs are CPU int tensors for the scheduled requests of this step, in batch order.
 
     `windows`: the distinct attention windows of the model's layers (0: full causal attention); one
@@ -189,6 +193,8 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
     `max_query_len` (the host's figure, optional) at most an int `max_decode_query_len`: every token is a
     decode row (a decode step, or one verifying drafts), built without the ~15 small tensor ops that
     sort rows into decodes and prefill chunks (~60 us of a ~5 ms single-stream step, ~200 us with drafts).
+    `precise_rows`: see TorchSDPAMetadata (a verify step's rows less its drafts: every request's rows are then
+    computed as without speculation).
     """
     if max_query_len is not None and isinstance(max_decode_query_len, int) and max_query_len <= max_decode_query_len:
         starts = query_start_loc[:-1]
@@ -200,7 +206,7 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
         return _one_view_per_window(windows, lambda window: TorchSDPAMetadata(
             num_actual_tokens=num_rows, slot_mapping=slot_mapping,
             decode=_DecodeGroup(starts, num_rows, block_table.long(), seq_lens.long(), block_size, window),
-            prefills=[], window=window))
+            prefills=[], window=window, precise_rows=precise_rows))
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     is_decode = query_lens <= max_decode_query_len
     # Each request's first `num_decode` tokens of the step are decode rows, the rest one prefill chunk.
@@ -225,7 +231,7 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
                 if decode_rows.numel() else None),
         prefills=_build_prefill_chunks(prefill_rows, prefill_starts, prefill_lens, seq_lens, block_table,
                                        block_size, window),
-        window=window))
+        window=window, precise_rows=precise_rows))
 
 
 def _token_rows(rows: np.ndarray, counts: np.ndarray, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,

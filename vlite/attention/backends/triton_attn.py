@@ -30,6 +30,7 @@ class TritonAttentionMetadata:
     seq_lens: torch.Tensor  # [B]
     block_table: torch.Tensor  # [B, max_blocks]
     max_query_len: int  # sizes the kernel's grid (host int: no device read)
+    precise_rows: Optional[int] = None  # the CPU kernels' (TorchSDPAMetadata's); the layers pass it on
 
     def for_window(self, window: int) -> TritonAttentionMetadata:
         """Every window reads the same metadata: the kernel applies the window itself."""
@@ -63,10 +64,10 @@ class TritonAttentionBackend:
     def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                        slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
                        max_query_len: Optional[int] = None, max_decode_query_len: int = 1,
-                       decode_rows_below: int = 0) -> TritonAttentionMetadata:
+                       decode_rows_below: int = 0, precise_rows: Optional[int] = None) -> TritonAttentionMetadata:
         """The inputs on the device already; `max_query_len` from the host (None: read back, a sync).
         `decode_rows_below` (the CPU backend's prompt tokens as decode rows) does not apply here."""
         if max_query_len is None:
             max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
         return TritonAttentionMetadata(int(slot_mapping.shape[0]), slot_mapping, query_start_loc, seq_lens,
-                                       block_table, max_query_len)
+                                       block_table, max_query_len, precise_rows)

@@ -34,12 +34,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tile_rows", &vlite::tile_rows, "output rows per tile of the packed weight layout");
   m.def("precise_max_rows", &vlite::precise_max_rows,
         "float32 activations get an int8 residual row in steps of at most this many rows");
-  m.def("set_precise_rows", &vlite::set_precise_rows,
-        "the row count that decides the residual row (-1: each call's own); see precise_rows in Python");
   m.def("quant_linear", &vlite::quant_linear, pybind11::arg("x"), pybind11::arg("qt"), pybind11::arg("scales"),
         pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("n"),
         pybind11::arg("residual") = pybind11::none(), pybind11::arg("precise") = pybind11::none(),
-        pybind11::arg("out_dtype") = pybind11::none());
+        pybind11::arg("out_dtype") = pybind11::none(), pybind11::arg("precise_rows") = pybind11::none());
   m.def("write_kv_cache", &vlite::write_kv_cache);
   pybind11::class_<vlite::PackedLinear>(m, "PackedLinear", pybind11::module_local())  // one per ISA module
       .def(pybind11::init<at::Tensor, at::Tensor, c10::optional<at::Tensor>, int64_t, int64_t, int64_t,

@@ -19,15 +19,18 @@ struct PackedLinear {
 // (Q4_K_M's Q4_K q/k and Q6_K v), run one after the other and concatenated
 using PackedParts = std::vector<PackedLinear>;
 
-static at::Tensor run_linear(const at::Tensor& x, const PackedParts& parts,
+// `precise_rows`: the row count that decides the float32 residual row (quant_linear), None: x's
+static at::Tensor run_linear(const at::Tensor& x, const PackedParts& parts, c10::optional<int64_t> precise_rows,
                              c10::optional<at::Tensor> residual = c10::nullopt) {
   if (parts.size() == 1) {
     const PackedLinear& w = parts[0];
-    return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n, residual, w.precise);
+    return quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n, residual, w.precise, c10::nullopt,
+                        precise_rows);
   }
   std::vector<at::Tensor> outs;
   for (const PackedLinear& w : parts) outs.push_back(quant_linear(x, w.qt, w.scales, w.mins, w.fmt, w.sub, w.n,
-                                                                  c10::nullopt, w.precise));
+                                                                  c10::nullopt, w.precise, c10::nullopt,
+                                                                  precise_rows));
   auto out = at::cat(outs, 1);
   return residual.has_value() ? out + *residual : out;
 }
@@ -46,10 +49,10 @@ struct LlamaLayer {
 static at::Tensor llama_decode_layer(at::Tensor hidden, const LlamaLayer& l, const at::Tensor& cos,
                                      const at::Tensor& signed_sin, const at::Tensor& kv_cache,
                                      const at::Tensor& slot_mapping, const at::Tensor& block_table,
-                                     const at::Tensor& seq_lens, double scale) {
+                                     const at::Tensor& seq_lens, double scale, c10::optional<int64_t> precise_rows) {
   const int64_t T = hidden.size(0), num_heads = l.num_heads, num_kv_heads = l.num_kv_heads, head_dim = l.head_dim;
   auto x = rms_norm(hidden, l.input_norm, l.eps);
-  auto qkv = run_linear(x, l.linears[0]);
+  auto qkv = run_linear(x, l.linears[0], precise_rows);
   if (l.qkv_bias.has_value()) qkv.add_(*l.qkv_bias);
   rotary_inplace(qkv, num_heads + num_kv_heads, head_dim, cos, signed_sin);
   auto qkv3 = qkv.view({T, num_heads + 2 * num_kv_heads, head_dim});
@@ -57,9 +60,9 @@ static at::Tensor llama_decode_layer(at::Tensor hidden, const LlamaLayer& l, con
   write_kv_cache(k, v, kv_cache, slot_mapping);
   auto o = paged_decode_attention(qkv3.narrow(1, 0, num_heads), kv_cache.select(0, 0), kv_cache.select(0, 1),
                                   block_table, seq_lens, scale);
-  auto h = run_linear(o.view({T, num_heads * head_dim}), l.linears[1], hidden.contiguous());
-  auto gate_up = run_linear(rms_norm(h, l.post_norm, l.eps), l.linears[2]);
-  return run_linear(silu_and_mul(gate_up), l.linears[3], h);
+  auto h = run_linear(o.view({T, num_heads * head_dim}), l.linears[1], precise_rows, hidden.contiguous());
+  auto gate_up = run_linear(rms_norm(h, l.post_norm, l.eps), l.linears[2], precise_rows);
+  return run_linear(silu_and_mul(gate_up), l.linears[3], precise_rows, h);
 }
 
 // A model's decoder layers for all-decode steps, held once: a step runs them in one call (a Python
@@ -74,15 +77,17 @@ struct LlamaDecodeStack {
     layers.push_back({input_norm, post_norm, eps, std::move(linears), qkv_bias, num_heads, num_kv_heads, head_dim});
   }
 
-  // hidden [T, hidden] after the embedding; kv_caches: one per layer; returns the last layer's output
+  // hidden [T, hidden] after the embedding; kv_caches: one per layer; returns the last layer's output.
+  // precise_rows: the step's row count that decides the float32 residual row (None: T)
   at::Tensor forward(at::Tensor hidden, at::Tensor cos, at::Tensor signed_sin,
                      const std::vector<at::Tensor>& kv_caches, at::Tensor slot_mapping,
-                     at::Tensor block_table, at::Tensor seq_lens, double scale) const {
+                     at::Tensor block_table, at::Tensor seq_lens, double scale,
+                     c10::optional<int64_t> precise_rows) const {
     TORCH_CHECK(kv_caches.size() == layers.size(), "LlamaDecodeStack: ", layers.size(), " layers but ",
                 kv_caches.size(), " KV caches");
     for (size_t i = 0; i < layers.size(); ++i)
       hidden = llama_decode_layer(hidden, layers[i], cos, signed_sin, kv_caches[i], slot_mapping, block_table,
-                                  seq_lens, scale);
+                                  seq_lens, scale, precise_rows);
     return hidden;
   }
 };

@@ -12,12 +12,12 @@ namespace vlite {
 at::Tensor quant_linear(at::Tensor x, at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt, int64_t fmt,
                         int64_t sub, int64_t N, c10::optional<at::Tensor> residual = c10::nullopt,
                         c10::optional<bool> precise_opt = c10::nullopt,
-                        c10::optional<at::ScalarType> out_dtype = c10::nullopt);
+                        c10::optional<at::ScalarType> out_dtype = c10::nullopt,
+                        c10::optional<int64_t> precise_rows = c10::nullopt);
 std::vector<at::Tensor> quantize_activations(at::Tensor x, bool precise);
 at::Tensor dequantize(at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt, int64_t fmt, int64_t sub, int64_t N,
                       at::ScalarType dtype, c10::optional<at::Tensor> out_buffer, c10::optional<at::Tensor> rows);
 int64_t tile_rows();         // output rows per tile of the packed weight layout
 int64_t precise_max_rows();  // float32 activations get a residual row in steps of at most this many rows
-void set_precise_rows(int64_t n);
 
 }  // namespace vlite

@@ -43,11 +43,10 @@ constexpr int64_t kActivationBlockBytes = 64 * 1024;  // int8 activation rows pe
 // decode batches) are bound by the integer arithmetic, which the residual doubles: there a single
 // int8 row measured 98.4% top-1 agreement with float32 against 100% (AVX2 path), for 0.6x the time
 // to first token and 1.17x the wl32 throughput (docs/perf-log.md).
+// A call may name the row count the rule goes by instead of its own (`precise_rows`): a speculative
+// verify step's rows less its drafts, so that a request's rows get the residual exactly when they
+// would without speculation.
 constexpr int64_t kPreciseMaxRows = 8;
-// When >= 0, the row count the rule above goes by instead of a call's own (set_precise_rows): a
-// speculative verify step's rows less its drafts, so that a request's rows get the residual exactly
-// when they would without speculation (one engine step at a time per process).
-int64_t g_precise_rows = -1;
 
 // ---- activations: x [M, K] -> int8 blocks of 32 with scale d = max|x| / 127 ----
 // With a residual row (float32 activations: `precise`), x ~= d * (q + q_res / 256): the rounding
@@ -974,12 +973,13 @@ std::vector<at::Tensor> quantize_activations(at::Tensor x, bool precise) {
 // y [M, N] (x's dtype, or out_dtype: float32 or bfloat16) = x [M, K] @ dequant(W).T (+ residual [M, N])
 // for a row-tiled packed weight (fmt 4: q4, 8: q8) of N rows. `precise`: each activation row also
 // gets an int8 residual row (~16-bit products), else a single int8 row; by default float32
-// activations in steps of at most kPreciseMaxRows rows. `residual`: a skip connection (of the
-// output's dtype) added in float32 as the outputs are written. The sums are float32 whatever the
-// dtypes: a float32 output of bf16 activations (the LM head's logits) is not rounded to bf16.
+// activations in steps of at most kPreciseMaxRows rows (`precise_rows`, else x's rows, counts the step).
+// `residual`: a skip connection (of the output's dtype) added in float32 as the outputs are written.
+// The sums are float32 whatever the dtypes: a float32 output of bf16 activations (the LM head's
+// logits) is not rounded to bf16.
 at::Tensor quant_linear(at::Tensor x, at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt, int64_t fmt,
                         int64_t sub, int64_t N, c10::optional<at::Tensor> residual, c10::optional<bool> precise_opt,
-                        c10::optional<at::ScalarType> out_dtype) {
+                        c10::optional<at::ScalarType> out_dtype, c10::optional<int64_t> precise_rows) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D");
   const int64_t M = x.size(0), K = x.size(1);
   check_tiled(qt, st, mt, fmt, sub, N, K);
@@ -992,7 +992,7 @@ at::Tensor quant_linear(at::Tensor x, at::Tensor qt, at::Tensor st, c10::optiona
                 "tensor of the output's dtype");
   if (M == 0) return out;
   const bool precise = precise_opt.value_or(x.scalar_type() == at::kFloat &&
-                                            (g_precise_rows >= 0 ? g_precise_rows : M) <= kPreciseMaxRows);
+                                            precise_rows.value_or(M) <= kPreciseMaxRows);
   // The int8 activations live in a per-thread scratch: four small tensor allocations per call cost
   // more than quantizing a decode token (121 calls per decode step of the default model).
   thread_local std::vector<int8_t> q_buf;
@@ -1183,6 +1183,5 @@ at::Tensor dequantize(at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt
 
 int64_t tile_rows() { return kTile; }
 int64_t precise_max_rows() { return kPreciseMaxRows; }
-void set_precise_rows(int64_t n) { g_precise_rows = n; }
 
 }  // namespace vlite
