@@ -1,7 +1,7 @@
 """DraftPolicy: how many drafts each request should verify, from how often such drafts were right.
 
 Verifying is not free on a CPU: a step over q tokens of one request costs cost(q) single-token steps,
-measured by the runner at start-up (`ModelRunner._measure_verify_cost`). SmolLM2-135M Q4_1 on 2 Zen 4
+measured by the runner at start-up (vlite.spec_decode.verify_cost). SmolLM2-135M Q4_1 on 2 Zen 4
 cores: ~1.3x for 4 tokens, ~1.6x for 6, ~2.2x for 9 (integer kernels bound by their arithmetic, and
 the logits of every verified position). With per-token acceptance a, m drafts yield
 T(m) = 1 + a + ... + a^m tokens, so the rate is T(m) / cost(1 + m): m = 8 pays ~3.5x at a = 0.95,

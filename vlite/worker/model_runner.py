@@ -1,8 +1,10 @@
 """ModelRunner: SchedulerOutput -> model forward -> sampled tokens.
 
 execute_model() follows the design's sub-steps: _update_states (sync the persistent batch),
-_prepare_inputs (positions, query_start_loc, seq_lens, slot_mapping, logits_indices), attention
-metadata, the forward, and logits at logits_indices only. sample_tokens() then runs the sampler.
+_prepare_inputs (-> StepInputs: positions, query_start_loc, seq_lens, slot_mapping, logits_indices and the
+attention metadata), the forward, and logits at logits_indices only. sample_tokens() then samples (the
+SamplingMetadata from InputBatch.make_sampling_metadata; drafts verified by the rejection sampler), appends
+the tokens to the batch and, with speculative decoding, has the Drafter propose the next step's drafts.
 
     query_start_loc for 3 requests scheduled with [1, 5, 1] tokens:  [0, 1, 6, 7]
     logits_indices = query_start_loc[1:] - 1                        = [0, 5, 6]
@@ -10,7 +12,6 @@ metadata, the forward, and logits at logits_indices only. sample_tokens() then r
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
@@ -18,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
-from vlite import _custom_ops
 from vlite.attention.selector import get_attn_backend
 from vlite.config import SpeculativeConfig
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from vlite.config import LoadedEngineConfig
     from vlite.structured_output.manager import GrammarOutput
 
-logger = logging.getLogger(__name__)
 
 def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
@@ -88,11 +87,6 @@ class _StepState:
     draft_token_ids: Optional[np.ndarray] = None  # all of them, flat, requests in order
 
 
-# DraftPolicy's measured step costs, per model shape, dtype and CPU setting (ModelRunner._measure_verify_cost)
-_verify_costs: dict[tuple, np.ndarray] = {}
-MEASURED_VERIFY_TOKENS = 16
-
-
 class ModelRunner:
     device = torch.device("cpu")  # set per instance in __init__
 
@@ -139,22 +133,19 @@ class ModelRunner:
         self.input_batch = InputBatch(*self._input_batch_args)
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
-        self.speculative_config = speculative_config
-        self.proposer = None
+        self.drafter = None  # speculative decoding: drafts for the next step, proposed after sampling
         # A request verifying drafts runs its 1 + k query tokens as decode rows (each sees the keys up to
         # its position): the decode kernels and the fused decode layer then take the step as they would
         # 1 + k decodes, where a causal prefill chunk would leave the fast path.
         self.max_decode_query_len = 1
         if speculative_config is not None:
-            from vlite.spec_decode.draft_policy import DraftPolicy
-            from vlite.spec_decode.ngram_proposer import NgramProposer
+            from vlite.spec_decode.drafter import Drafter
+            from vlite.spec_decode.verify_cost import measure_verify_cost
 
-            self.proposer = NgramProposer(speculative_config)
-            k = speculative_config.num_speculative_tokens
-            self.max_decode_query_len = 1 + k
-            max_tokens = max(k + 1, speculative_config.max_verify_tokens)
-            self.draft_policy = DraftPolicy(k, self._measure_verify_cost(max_tokens, num_blocks),
-                                            max_tokens=max_tokens)
+            self.max_decode_query_len = 1 + speculative_config.num_speculative_tokens
+            key = (repr(arch), dtype, repr(quantization), str(self.device))  # what the costs depend on
+            self.drafter = Drafter(speculative_config,
+                                   lambda max_tokens: measure_verify_cost(self, max_tokens, num_blocks, key))
         self._step: _StepState | None = None
         # Fault injection for reliability tests: a step computing this token id raises.
         fault = os.environ.get("VLITE_FAULT_INJECT_TOKEN_ID")
@@ -167,53 +158,6 @@ class ModelRunner:
             self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, self.attn_backend, block_size,
                                                self.attention_windows, max_num_reqs, max_blocks_per_req, self.device)
             self.cuda_graphs.capture()
-
-    @torch.inference_mode()
-    def _measure_verify_cost(self, max_tokens: int, num_blocks: int) -> Optional[np.ndarray]:
-        """Time a step verifying q = 1..max_tokens tokens of one request (its forward and logits, as
-        the decode rows a verify step runs) on scratch blocks of the still empty KV cache: the cost
-        model of DraftPolicy for this model, dtype and CPU. Best of 5 each (~0.7 s for q up to 16 here);
-        past MEASURED_VERIFY_TOKENS, where steps are bound by their arithmetic, the line through the
-        last measured half. Kept per model shape, dtype and CPU setting for the process's later engines."""
-        import time
-
-        key = (repr(self.arch), self.dtype, repr(self.quantization), self.block_size, self.max_decode_query_len,
-               torch.get_num_threads(), _custom_ops.requested_isa(), str(self.device))
-        if key in _verify_costs and len(_verify_costs[key]) >= max_tokens:
-            return _verify_costs[key][:max_tokens]
-        measured = min(max_tokens, MEASURED_VERIFY_TOKENS)
-        context = 16 * self.block_size  # ~256 tokens: a chat prompt's length, where attention costs what it will
-        if -(-(context + measured) // self.block_size) > num_blocks:
-            return None
-        block_table = torch.arange(-(-(context + measured) // self.block_size)).view(1, -1)
-        best = np.full(measured, np.inf)
-        for _ in range(5):
-            for q in range(1, measured + 1):
-                positions = torch.arange(context, context + q)
-                slots = block_table[0, positions // self.block_size] * self.block_size + positions % self.block_size
-                metadata = self.attn_backend.build_metadata(
-                    torch.tensor([0, q]), torch.tensor([context + q]), block_table, slots, self.block_size,
-                    self.attention_windows, max_query_len=q, max_decode_query_len=self.max_decode_query_len,
-                    precise_rows=1)  # as a verify step of one request runs
-                input_ids = torch.randint(0, self.vocab_size, (q,))
-                start = time.perf_counter()
-                hidden = self.model(input_ids, positions, self.kv_caches, metadata)
-                self.model.compute_logits(hidden)
-                best[q - 1] = min(best[q - 1], time.perf_counter() - start)
-        for cache in self.kv_caches:  # back to the pool's initial state
-            cache[:, :, :block_table.shape[1]].zero_()
-        if (best < 0.9 * best[0]).any():  # a 1-token step slower than longer ones: the machine was busy
-            logger.warning("speculative decoding: verify step timings disturbed (%s ms); using the default "
-                           "cost model", " ".join(f"{1e3 * c:.1f}" for c in best))
-            return None
-        logger.info("speculative decoding: verify step cost (x a 1-token step) for 1..%d tokens: %s", measured,
-                    " ".join(f"{c:.2f}" for c in best / best[0]))
-        if max_tokens > measured:
-            half = measured // 2
-            slope = max(0.0, (best[-1] - best[half - 1]) / (measured - half))
-            best = np.concatenate([best, best[-1] + slope * np.arange(1, max_tokens - measured + 1)])
-        _verify_costs[key] = best
-        return best
 
     def reset(self) -> None:
         """Forget the batch after a step raised: the scheduler re-sends every request as new.
@@ -424,12 +368,9 @@ class ModelRunner:
                     lo, hi = int(starts[i]), int(starts[i] + counts[i])
                     result.logprobs[req_id] = ([x[:n + 1] for x in ids[lo:hi]], [x[:n + 1] for x in lps[lo:hi]],
                                                ranks[lo:hi])
-        if self.proposer is not None:
+        if self.drafter is not None:
             with section("propose"):
-                batch.spec_accepted[rows], batch.spec_rejected[rows] = self.draft_policy.update(
-                    batch.spec_accepted[rows], batch.spec_rejected[rows], num_drafts, num_accepted,
-                    batch.spec_match_len[rows])
-                result.spec_token_ids = self._propose_drafts(step.req_ids, rows)
+                result.spec_token_ids = self.drafter.propose(batch, step.req_ids, rows, num_drafts, num_accepted)
         self._step = None
         return result
 
@@ -457,39 +398,6 @@ class ModelRunner:
         within = group_offsets(counts)
         batch.token_ids[token_rows, batch.num_tokens[token_rows] + within] = tokens
         batch.num_tokens[rows] += counts
-
-    def _propose_drafts(self, req_ids: list[str], rows: np.ndarray) -> dict[str, list[int]]:
-        """Drafts for the next step. Each request drafts what pays at the acceptance expected of its
-        drafts (DraftPolicy: from their matched context and its own record; verify tokens cost ~0.15 of
-        a step each on a CPU). Drafts go only to a step where
-        every request sampled has some, so a request without a match never waits for others' drafts;
-        several requests draft only when the whole step is predicted to pay (DraftPolicy.batch_pays);
-        and within `max_verify_tokens` (sampled requests plus drafts): past it a CPU step is
-        compute-bound and drafts cost what they save, so a busy batch gets none."""
-        config = self.speculative_config
-        assert self.proposer is not None and config is not None
-        batch = self.input_batch
-        budget = config.max_verify_tokens - len(rows)
-        if budget <= 0 or (config.disable_by_batch_size is not None
-                           and batch.num_reqs > config.disable_by_batch_size):
-            return {}
-        adaptive = config.draft_policy == "adaptive"
-        cap = np.full(len(rows), min(config.num_speculative_tokens, budget))
-        num_tokens = batch.num_tokens[rows]
-        # only the rows' tokens so far are copied (a whole row is max_model_len long)
-        drafts, num_drafts, match_len = self.proposer.propose(batch.token_ids[rows, :int(num_tokens.max())],
-                                                              num_tokens, cap)
-        if adaptive:
-            acc, rej = batch.spec_accepted[rows], batch.spec_rejected[rows]
-            num_drafts = np.minimum(num_drafts, self.draft_policy.num_drafts(acc, rej, match_len))
-        if not num_drafts.any() or (adaptive and not num_drafts.all()):
-            return {}
-        # Keep the budget: cut the drafts that would pass it.
-        num_drafts = np.clip(budget - group_starts(num_drafts), 0, num_drafts)
-        if adaptive and not self.draft_policy.batch_pays(acc, rej, match_len, num_drafts):
-            return {}
-        batch.spec_match_len[rows] = match_len
-        return {req_ids[i]: drafts[i, :n].tolist() for i, n in enumerate(num_drafts.tolist()) if n}
 
     @staticmethod
     def _apply_grammar_bitmask(step: _StepState, grammar_output: GrammarOutput) -> None:
