@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tests.sample.test_sampler import chi_square_pvalue, make_metadata
+from tests.sample.reference import chi_square_pvalue, make_metadata
 from vlite.sample.rejection_sampler import rejection_sample
 from vlite.sample.sampler import Sampler, seeded_generator
 

@@ -1,6 +1,6 @@
 """InputBatch: the SamplingMetadata it builds for the rows a step samples (the columns of the rows'
 sampling parameters, the padded token lists of penalties, the sparse processors) against the plain-Python
-references of tests/sample/test_sampler.py, and when it is reused."""
+references of tests/sample/reference.py, and when it is reused."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.sample.test_sampler import (fixed_logits, padded, reference_penalties, reference_processors,
-                                       row_logits)
+from tests.sample.reference import fixed_logits, padded, reference_penalties, reference_processors, row_logits
 from vlite.sample.sampler import Sampler, apply_logits_processors, apply_penalties, seeded_generator
 from vlite.sampling_params import SamplingParams
 from vlite.worker.input_batch import InputBatch
