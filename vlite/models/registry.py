@@ -113,22 +113,21 @@ SUPPORTED_HF_ARCHITECTURES = tuple(_BY_HF)
 SUPPORTED_GGUF_ARCHITECTURES = tuple(_BY_GGUF)
 
 
+def _supported(table: dict[str, ModelSpec], architecture: str, kind: str) -> ModelSpec:
+    spec = table.get(architecture)
+    if spec is None:
+        raise ValueError(f"unsupported {kind}{architecture!r}; vlite supports: {', '.join(table)}")
+    return spec
+
+
 def spec_for_hf(architecture: str) -> ModelSpec:
     """The spec of a config.json architecture; a ValueError naming it and the supported ones."""
-    spec = _BY_HF.get(architecture)
-    if spec is None:
-        raise ValueError(f"unsupported architecture {architecture!r}; vlite supports: "
-                         f"{', '.join(SUPPORTED_HF_ARCHITECTURES)}")
-    return spec
+    return _supported(_BY_HF, architecture, "architecture ")
 
 
 def spec_for_gguf(architecture: str) -> ModelSpec:
     """The spec of a GGUF `general.architecture`; a ValueError naming it and the supported ones."""
-    spec = _BY_GGUF.get(architecture)
-    if spec is None:
-        raise ValueError(f"unsupported GGUF architecture {architecture!r}; vlite supports: "
-                         f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}")
-    return spec
+    return _supported(_BY_GGUF, architecture, "GGUF architecture ")
 
 
 def spec_for(name: str) -> ModelSpec:
