@@ -25,7 +25,7 @@ are the file's size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -157,11 +157,7 @@ class PackedTensors:
             if kernels is None:
                 qt, st = gguf_blocks.tile(self.qs.numpy(), self.fmt, n, k)
                 return TiledTensors(self.kernel_fmt, torch.from_numpy(qt), torch.from_numpy(st), None, self.sub, n, k)
-            qt_shape, st_shape, st_dtype = gguf_blocks.tile_shapes(self.fmt, n, k)
-            qt, st = weight_arena.empty(qt_shape, torch.uint8), weight_arena.empty(st_shape, st_dtype)
-            kernels.tile_gguf(self.qs.contiguous(), self.kernel_fmt, k, qt, st)
-            weight_arena.release_file_pages(self.qs)  # read from the file's map: its pages can go
-            return TiledTensors(self.kernel_fmt, qt, st, None, self.sub, n, k)
+            return _tile_gguf([self], kernels)
         tiles = -(-n // TILE)
         pad = tiles * TILE - n
         nb = k // QK
@@ -227,17 +223,23 @@ class StackedPacked:
         """The parts' tiles one after another: the same bytes as `PackedTensors.cat(parts).tiled()`."""
         from vlite import _custom_ops
 
-        kernels = _custom_ops.load()
-        n, k = self.shape
-        qt_shape, st_shape, st_dtype = gguf_blocks.tile_shapes(self.fmt, n, k)
-        qt, st = weight_arena.empty(qt_shape, torch.uint8), weight_arena.empty(st_shape, st_dtype)
-        t0 = 0
-        for p in self.parts:
-            t1 = t0 + p.shape[0] // TILE
-            kernels.tile_gguf(p.qs.contiguous(), self.kernel_fmt, k, qt[t0:t1], st[t0:t1])
-            weight_arena.release_file_pages(p.qs)
-            t0 = t1
-        return TiledTensors(self.kernel_fmt, qt, st, None, self.sub, n, k)
+        return _tile_gguf(self.parts, _custom_ops.load())
+
+
+def _tile_gguf(parts: list[PackedTensors], kernels: Any) -> TiledTensors:
+    """GGUF-type weights of one layout (each but the last a whole number of tiles), tiled by the kernels from the
+    file's map into one huge-page buffer, part after part; each part's file pages are given back once read."""
+    first = parts[0]
+    n, k = sum(p.shape[0] for p in parts), first.shape[1]
+    qt_shape, st_shape, st_dtype = gguf_blocks.tile_shapes(first.fmt, n, k)
+    qt, st = weight_arena.empty(qt_shape, torch.uint8), weight_arena.empty(st_shape, st_dtype)
+    t0 = 0
+    for p in parts:
+        t1 = t0 + -(-p.shape[0] // TILE)
+        kernels.tile_gguf(p.qs.contiguous(), first.kernel_fmt, k, qt[t0:t1], st[t0:t1])
+        weight_arena.release_file_pages(p.qs)  # read from the file's map: its pages can go
+        t0 = t1
+    return TiledTensors(first.kernel_fmt, qt, st, None, first.sub, n, k)
 
 
 @dataclass

@@ -549,6 +549,22 @@ static inline void high_block_to_q8(const uint8_t* wb, const uint8_t* hb, uint8_
   }
 }
 
+// The scales (sp) and mins (mp) of blocks [b0, b1): the arrays' from b0 on, or a compact weight's (its scale
+// bytes `ks`, GGUF type `code`) decoded into gsc and gmn
+template <int64_t PER, typename S>
+static inline void group_scales(const S* st, const S* mt, int64_t code, const uint8_t* ks, int64_t b0, int64_t b1,
+                                float* gsc, float* gmn, const S*& sp, const S*& mp) {
+  sp = st != nullptr ? st + b0 * PER * kTile : nullptr;
+  mp = mt != nullptr ? mt + b0 * kTile : nullptr;
+  if constexpr (std::is_same_v<S, float>) {
+    if (ks != nullptr) {
+      decode_scales(code, ks, b0, b1, gsc, gmn);
+      sp = gsc;
+      mp = compact_has_mins(code) ? gmn : nullptr;
+    }
+  }
+}
+
 // Never inlined: inlined into the caller's loop (as GCC chose for 8 rows once the passes grew to 16)
 // its 8-row pass ran 10% slower.
 // Compact weights (`code`, their scale bytes `ks`; st and mt unused): each group's scales decoded first.
@@ -582,15 +598,10 @@ __attribute__((noinline)) void tile_dot(const uint8_t* qt, const S* st, const S*
         q8_block_ints<PER, R>(q8, a, m0, b, ib[b - b0]);
       }
     }
-    if constexpr (std::is_same_v<S, float>) {
-      if (ks != nullptr) {
-        decode_scales(code, ks, b0, b1, gsc, gmn);
-        tile_scale_groups<PER, R, 0>(ib, gsc, compact_has_mins(code) ? gmn : nullptr, a, m0, b0, b1, res);
-        continue;
-      }
-    }
-    tile_scale_groups<PER, R, 0>(ib, st + b0 * PER * kTile, mt != nullptr ? mt + b0 * kTile : nullptr, a, m0, b0, b1,
-                                 res);
+    const S* sp;
+    const S* mp;
+    group_scales<PER>(st, mt, code, ks, b0, b1, gsc, gmn, sp, mp);
+    tile_scale_groups<PER, R, 0>(ib, sp, mp, a, m0, b0, b1, res);
   }
 }
 
@@ -608,15 +619,9 @@ __attribute__((noinline)) void tile_dot_q4_rows(const uint8_t* qt, const S* st, 
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t b0 = 0; b0 < a.nb; b0 += G) {
     const int64_t b1 = std::min(a.nb, b0 + G);
-    const S* sp = st != nullptr ? st + b0 * kTile : nullptr;
-    const S* mp = mt != nullptr ? mt + b0 * kTile : nullptr;
-    if constexpr (std::is_same_v<S, float>) {
-      if (ks != nullptr) {
-        decode_scales(code, ks, b0, b1, gsc, gmn);
-        sp = gsc;
-        mp = compact_has_mins(code) ? gmn : nullptr;
-      }
-    }
+    const S* sp;
+    const S* mp;
+    group_scales<1>(st, mt, code, ks, b0, b1, gsc, gmn, sp, mp);
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* wb = qt + b * BB;
       if (pf != nullptr)
