@@ -1,12 +1,18 @@
 """The `mp` executor with tensor parallelism (gloo) on tiny random models: float32 greedy output
 token-identical to transformers at TP=2, packed int8 weights (C++ kernels, block-aligned column
 shards) agreeing with TP=1, each rank holding about half the weights, and a worker killed mid-run
-failing the engine at once with no process left behind."""
+failing the engine at once with no process left behind. How the workers start, in a user's script run
+as one: forked without a `__main__` guard, spawned where threads already run (then a script without
+the guard fails at once with one line)."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -124,3 +130,101 @@ def test_tp2_speculative_decoding_matches_transformers(folder: Path, prompt_ids:
         assert stats.num_accepted_tokens > 0  # some steps took several tokens per request
     finally:
         llm.llm_engine.engine_core.shutdown()
+
+
+# ---- how the workers start: a user's plain script, run as one ----------------------------------------
+
+_SCRIPT = """\
+import pickle, sys
+from vlite import LLM, SamplingParams
+{prelude}
+llm = LLM({folder!r}, dtype="float32", tensor_parallel_size=2, max_num_batched_tokens={step},
+          kv_cache_memory_bytes=16 * 2**20)
+params = SamplingParams(temperature=0.0, max_tokens={max_new}, ignore_eos=True, logprobs=5)
+outputs = llm.generate([{{"prompt_token_ids": p}} for p in {prompts!r}], params, use_tqdm=False)
+with open(sys.argv[1], "wb") as f:
+    pickle.dump((llm.llm_engine.engine_core.executor.start_method, [o.outputs[0] for o in outputs]), f)
+"""
+# Threads before LLM(): torch's OpenMP pool (a forked worker would hang in its first parallel region).
+_THREADS = "import torch\ntorch.set_num_threads(2)\n(torch.randn(2000, 2000) + 1).sum()"
+_GUARD = 'if __name__ == "__main__":'
+_UNGUARDED = "at module level, and its processes must be started by spawn because "
+
+
+def _script(folder: Path, prompt_ids: list[list[int]], prelude: str = "", guard: bool = False) -> str:
+    body = _SCRIPT.format(prelude=prelude, folder=str(folder), step=tiny.STEP_TOKENS, max_new=tiny.MAX_NEW,
+                          prompts=prompt_ids)
+    return f"{_GUARD}\n{textwrap.indent(body, '    ')}" if guard else body
+
+
+def _run_script(text: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, Any, float]:
+    """Run `text` as a script (this checkout's vlite, the start method left to vlite): the process, what
+    it pickled (the start method and the completions) or None, and its wall time."""
+    script, out = tmp_path / "script.py", tmp_path / "out.pkl"
+    script.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_WORKER_MULTIPROC_METHOD")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")])
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script), str(out)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    return proc, pickle.loads(out.read_bytes()) if out.exists() else None, time.monotonic() - start
+
+
+def _assert_one_line_failure(proc: subprocess.CompletedProcess, seconds: float, what: str) -> None:
+    """Failed at once (the start timeout is 600 s: the spawned children stop before loading anything),
+    saying why and what to do in one line, once; no bootstrap traceback, no bare exit code."""
+    print(proc.stderr)
+    assert proc.returncode != 0 and seconds < 60
+    line = next(line for line in proc.stderr.splitlines() if _UNGUARDED in line)
+    assert f"the script script.py starts {what} at module level" in line
+    assert line.endswith(f"put that code under `{_GUARD}`")
+    assert proc.stderr.count(_UNGUARDED) == 1
+    assert "bootstrapping phase" not in proc.stderr and "exited with code" not in proc.stderr
+
+
+def test_a_plain_script_without_the_main_guard_forks_its_workers(folder: Path, prompt_ids: list[list[int]],
+                                                                  refs: list[Any], tmp_path: Path):
+    """No thread runs before LLM(): the workers are forked (the script is not re-run), each loads its
+    own shard, and the output is the spawned workers' (token-identical to transformers)."""
+    proc, result, _ = _run_script(_script(folder, prompt_ids), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    method, completions = result
+    assert method == "fork"
+    print(tiny.assert_parity(completions, refs))
+
+
+def test_a_script_with_threads_and_no_guard_fails_at_once_with_one_line(folder: Path, prompt_ids: list[list[int]],
+                                                                        tmp_path: Path):
+    proc, _, seconds = _run_script(_script(folder, prompt_ids, _THREADS), tmp_path)
+    _assert_one_line_failure(proc, seconds, "LLM(tensor_parallel_size=2)")
+    assert "because this process has started" in proc.stderr
+
+
+def test_the_same_script_with_the_guard_spawns_its_workers(folder: Path, prompt_ids: list[list[int]],
+                                                           refs: list[Any], tmp_path: Path):
+    proc, result, _ = _run_script(_script(folder, prompt_ids, _THREADS, guard=True), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    method, completions = result
+    assert method == "spawn"
+    print(tiny.assert_parity(completions, refs))
+
+
+def test_the_start_method_follows_the_environment_and_forks_only_a_single_thread(monkeypatch, caplog):
+    from vlite.executor import start_method
+
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    assert start_method.worker_start_method() == ("spawn", "VLLM_WORKER_MULTIPROC_METHOD=spawn")
+    monkeypatch.setenv("VLITE_WORKER_MULTIPROC_METHOD", "forkserver")  # VLITE_ first
+    with pytest.raises(ValueError, match=r"VLITE_WORKER_MULTIPROC_METHOD must be one of \('fork', 'spawn'\)"):
+        start_method.worker_start_method()
+    monkeypatch.setenv("VLITE_WORKER_MULTIPROC_METHOD", "fork")
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, name="user-thread")
+    thread.start()
+    try:
+        method, why = start_method.worker_start_method()  # asked for, but unsafe: spawn, with a warning
+    finally:
+        release.set()
+        thread.join()
+    assert method == "spawn" and why.startswith("this process runs other threads (") and "user-thread" in why
+    assert f"VLITE_WORKER_MULTIPROC_METHOD=fork, but {why}: the workers are started by spawn" in caplog.text

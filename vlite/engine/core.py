@@ -28,9 +28,10 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedEngineConfig, tokenizer: Optional[Callable[[], Any]] = None) -> None:
+    def __init__(self, loaded: LoadedEngineConfig, tokenizer: Optional[Callable[[], Any]] = None,
+                 while_loading: Optional[Callable[[], None]] = None) -> None:
         """`tokenizer`: a function returning the frontend's tokenizer (for structured outputs), else it is
-        loaded here on first use."""
+        loaded here on first use. `while_loading`: see Executor.create."""
         cfg = loaded.config
         cache = cfg.cache_config
         # An all-sliding-window model (Mistral) frees the KV blocks behind the window as requests run.
@@ -38,7 +39,7 @@ class EngineCore:
                                                sliding_window=loaded.arch.kv_sliding_window)
         self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager, cfg.speculative_config)
         # Where the model runs (this process, or worker processes): the core talks only to the executor.
-        self.executor = Executor.create(loaded)
+        self.executor = Executor.create(loaded, while_loading)
         # The in-process runner with the uni executor (introspection, tests); None with workers.
         self.model_runner: Optional[ModelRunner] = getattr(self.executor, "model_runner", None)
         self._loaded_resolved = loaded.resolved

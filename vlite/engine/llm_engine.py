@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Iterable, Optional
 
 import torch
 
+from vlite.config import ParallelConfig
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.core import EngineCore
 from vlite.engine.input_processor import EngineCoreRequest, InputProcessor, PromptType
 from vlite.engine.output_processor import OutputProcessor
 from vlite.engine.parallel_sampling import ParentRequest
+from vlite.executor.start_method import exit_if_bootstrapping
 from vlite.model_loader import load_tokenizer
 from vlite.outputs import RequestOutput
 from vlite.profiler import section
@@ -36,6 +38,9 @@ class LLMEngine:
         if engine_args.data_parallel_size != 1:
             raise ValueError(f"data_parallel_size={engine_args.data_parallel_size}: several engine cores run behind "
                              f"the API server (vlite serve --data-parallel-size); LLM runs one")
+        if ParallelConfig(engine_args.tensor_parallel_size, engine_args.distributed_executor_backend).backend == "mp":
+            # A spawned worker re-running an unguarded script: stop here, before loading anything.
+            exit_if_bootstrapping(f"LLM(tensor_parallel_size={engine_args.tensor_parallel_size})")
         torch.manual_seed(engine_args.seed)
         loaded = engine_args.create_engine_config()
         self.vllm_config = loaded.config
@@ -43,10 +48,14 @@ class LLMEngine:
         self.resolved_model = loaded.resolved
         # The tokenizer is read while the weights load (their tiling releases the GIL), as the API server's
         # process reads it while the engine-core process loads; the core sees the model's own EOS ids in both.
+        # Its thread starts once worker processes are started (a forked worker must not inherit it).
+        tokenizer: list[Future] = []
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlite-tokenizer") as pool:
-            tokenizer = pool.submit(load_tokenizer, loaded.resolved)
-            self.engine_core = EngineCore(loaded, tokenizer.result)
-            self.tokenizer = tokenizer.result()
+            def start_tokenizer() -> None:
+                tokenizer.append(pool.submit(load_tokenizer, loaded.resolved))
+
+            self.engine_core = EngineCore(loaded, lambda: tokenizer[0].result(), while_loading=start_tokenizer)
+            self.tokenizer = tokenizer[0].result()
         if engine_args.chat_template is not None:
             self.tokenizer.chat_template = engine_args.chat_template
         eos = set(loaded.eos_token_ids)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:
     from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -32,17 +32,20 @@ class ExecutorDeadError(RuntimeError):
 
 class Executor(ABC):
     @staticmethod
-    def create(loaded: LoadedEngineConfig) -> Executor:
-        """The executor the parallel config names."""
+    def create(loaded: LoadedEngineConfig, while_loading: Optional[Callable[[], None]] = None) -> Executor:
+        """The executor the parallel config names. `while_loading`: run in this process while the model
+        loads (the mp executor: once its workers are started, so that they cannot inherit its thread)."""
         backend = loaded.config.parallel_config.backend
+        if backend == "mp":
+            from vlite.executor.multiproc_executor import MultiprocExecutor
+
+            return MultiprocExecutor(loaded, while_loading)
+        if while_loading is not None:
+            while_loading()
         if backend == "uni":
             from vlite.executor.uniproc_executor import UniProcExecutor
 
             return UniProcExecutor(loaded)
-        if backend == "mp":
-            from vlite.executor.multiproc_executor import MultiprocExecutor
-
-            return MultiprocExecutor(loaded)
         if backend == "ray":
             from vlite.executor.ray_executor import RayExecutor
 

@@ -11,6 +11,10 @@ an acknowledgement. Failure, never a hang:
   short grace the executor gives up on the group (ExecutorDeadError); if every rank raised alike
   (e.g. on a bad input before the forward), the step fails as it would in one process;
 - the collectives themselves time out (vlite.distributed.parallel_state.init_tp_group).
+
+The workers are forked where that is safe, else spawned (vlite.executor.start_method); a spawned
+worker that finds the user's script starting the engine again at module level (no `__main__` guard)
+exits at once, and the executor raises the one line that says so.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ import socket
 import threading
 import time
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from vlite.executor.abstract import Replies, WorkerGroupExecutor
+from vlite.executor import start_method
+from vlite.executor.abstract import ExecutorDeadError, Replies, WorkerGroupExecutor
 from vlite.worker.worker import run_worker
 
 if TYPE_CHECKING:
@@ -46,34 +51,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _UnguardedMain(Exception):
+    """A spawned worker found the user's script starting the engine at module level (no guard)."""
+
+
 class MultiprocExecutor(WorkerGroupExecutor):
-    def __init__(self, loaded: LoadedEngineConfig) -> None:
+    def __init__(self, loaded: LoadedEngineConfig, while_loading: Optional[Callable[[], None]] = None) -> None:
+        """`while_loading`: run in this process once the workers are started, while they load (a thread
+        it starts cannot be inherited by a forked worker)."""
         self.world_size = loaded.config.parallel_config.tensor_parallel_size
         self._dead: Optional[str] = None
         self._closing = False
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
-        ctx = multiprocessing.get_context("spawn")
-        worker_loaded = dataclasses.replace(loaded, weights={})
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns = []
+        what = f"LLM(tensor_parallel_size={self.world_size})"
+        start_method.exit_if_bootstrapping(what)
+        self.start_method, why_spawn = start_method.worker_start_method()
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        ctx = multiprocessing.get_context(self.start_method)
+        worker_loaded = dataclasses.replace(loaded, weights={})
         level = logging.getLogger("vlite").level or logging.WARNING
         for rank in range(self.world_size):
             parent_conn, child_conn = ctx.Pipe()
-            proc = ctx.Process(target=run_worker, name=f"vlite-worker-{rank}", daemon=True,
+            # A forked rank closes its copies of this process's pipe ends, its own and the earlier ranks'
+            # (a spawned one inherits none): it must see EOF when this process is gone.
+            inherited = [c.fileno() for c in (*self.conns, parent_conn)] if self.start_method == "fork" else []
+            proc = ctx.Process(target=run_worker, name=f"{start_method.PROCESS_PREFIX}worker-{rank}", daemon=True,
                                args=(rank, self.world_size, init_method, worker_loaded, child_conn, os.getpid(),
-                                     level))
+                                     level, inherited))
             proc.start()
             child_conn.close()
             self.procs.append(proc)
             self.conns.append(parent_conn)
         try:
+            if while_loading is not None:
+                while_loading()
             self.worker_info: list[dict[str, Any]] = self._collect(timeout=_START_TIMEOUT_S)
+        except _UnguardedMain:
+            # The ranks re-ran the script and stopped at its LLM(...): say so once, nothing else.
+            self.shutdown(graceful=False)
+            raise ExecutorDeadError(start_method.unguarded_main_message(what, why_spawn)) from None
         except Exception:
             self.shutdown()
             raise
-        logger.info("vlite: %d worker(s) ready (tensor parallel): %s", self.world_size,
+        logger.info("vlite: %d worker(s) ready (tensor parallel, %s): %s", self.world_size, self.start_method,
                     ", ".join(f"rank {i['rank']} pid {i['pid']} weights {i['weight_bytes'] / 2**20:.1f} MiB"
                               for i in self.worker_info))
+        # Only now (after any fork): the exit handler and the monitor thread belong to this process alone.
         atexit.register(self.shutdown)  # before multiprocessing's own exit handler kills the workers
         self._monitor = threading.Thread(target=self._watch_workers, name="vlite-worker-monitor", daemon=True)
         self._monitor.start()
@@ -123,13 +147,19 @@ class MultiprocExecutor(WorkerGroupExecutor):
                     rank = by_sentinel[obj]
                     if rank in replies.pending and self.conns[rank].poll():
                         continue  # its last words are read on the next turn
-                    self._fail(replies.first_error() or self._exit_message(rank))
+                    self._gone(rank, replies.first_error())
                 rank = by_conn[id(obj)]
                 try:
                     replies.add(rank, pickle.loads(obj.recv_bytes()))
                 except (EOFError, OSError):
-                    self._fail(self._exit_message(rank))
+                    self._gone(rank)
         return self._settle(replies)
+
+    def _gone(self, rank: int, first_error: str = "") -> None:
+        message = first_error or self._exit_message(rank)
+        if self.procs[rank].exitcode == start_method.UNGUARDED_MAIN_EXIT:
+            raise _UnguardedMain(message)  # (start-up only) reported by __init__, once
+        self._fail(message)
 
     def _exit_message(self, rank: int) -> str:
         proc = self.procs[rank]

@@ -20,7 +20,7 @@ import pickle
 import signal
 import traceback
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +111,9 @@ class Worker:
         if loaded.config.device_config.num_threads is None and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # the ranks share the cores
         # (--threads: ModelRunner.from_loaded sets each rank's own)
+        # Unseeded sampling (rank 0 draws) from the engine's seed, as in one process: a forked worker
+        # inherits its parent's generator, a spawned one would start from torch's default.
+        torch.manual_seed(loaded.config.model_config.seed)
         self.rank = rank
         if world_size > 1:
             init_tp_group(rank, world_size, init_method)
@@ -156,10 +159,19 @@ class Worker:
 
 
 def run_worker(rank: int, world_size: int, init_method: str, loaded: LoadedEngineConfig, conn: Connection,
-               parent_pid: int, log_level: int) -> None:
-    """Process entry point of one rank of the `mp` executor."""
+               parent_pid: int, log_level: int, inherited_fds: Sequence[int] = ()) -> None:
+    """Process entry point of one rank of the `mp` executor, forked or spawned alike. `inherited_fds`
+    (forked): the executor's ends of the ranks' pipes, which this process must not hold (its copies of
+    the Connection objects stay unused in the frames the fork copied)."""
     _die_with_parent()
-    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [worker {rank}] %(message)s")
+    for fd in inherited_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    # force: a forked worker drops the handlers it inherited, as a spawned one has none
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [worker {rank}] %(message)s",
+                        force=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process owns shutdown
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     if os.getppid() != parent_pid:
