@@ -147,6 +147,17 @@ with open(sys.argv[1], "wb") as f:
 """
 # Threads before LLM(): torch's OpenMP pool (a forked worker would hang in its first parallel region).
 _THREADS = "import torch\ntorch.set_num_threads(2)\n(torch.randn(2000, 2000) + 1).sum()"
+_ASYNC_SCRIPT = """\
+import asyncio
+from vlite.engine.arg_utils import EngineArgs
+from vlite.engine.async_llm import AsyncLLM
+
+async def main():
+    engine = await AsyncLLM.create(EngineArgs(model={folder!r}, dtype="float32", kv_cache_memory_bytes=16 * 2**20))
+    engine.shutdown()
+
+asyncio.run(main())
+"""
 _GUARD = 'if __name__ == "__main__":'
 _UNGUARDED = "at module level, and its processes must be started by spawn because "
 
@@ -207,6 +218,12 @@ def test_the_same_script_with_the_guard_spawns_its_workers(folder: Path, prompt_
     method, completions = result
     assert method == "spawn"
     print(tiny.assert_parity(completions, refs))
+
+
+def test_an_async_llm_script_without_the_guard_fails_at_once_with_one_line(folder: Path, tmp_path: Path):
+    """AsyncLLM's engine-core process is always spawned: the same one line."""
+    proc, _, seconds = _run_script(_ASYNC_SCRIPT.format(folder=str(folder)), tmp_path)
+    _assert_one_line_failure(proc, seconds, "AsyncLLM")
 
 
 def test_the_start_method_follows_the_environment_and_forks_only_a_single_thread(monkeypatch, caplog):

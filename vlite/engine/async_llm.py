@@ -19,6 +19,7 @@ from vlite.engine.core_messages import EngineCoreOutputs
 from vlite.engine.input_processor import EngineCoreRequest, InputProcessor, PromptType
 from vlite.engine.output_processor import IterationStats, OutputProcessor
 from vlite.engine.parallel_sampling import ParentRequest
+from vlite.executor.start_method import exit_if_bootstrapping
 from vlite.model_loader import load_tokenizer, resolve_model
 from vlite.outputs import RequestOutput
 from vlite.sampling_params import SamplingParams
@@ -38,6 +39,7 @@ class EngineBadRequestError(EngineGenerateError):
 
 class AsyncLLM:
     def __init__(self, engine_args: EngineArgs, stat_loggers: Optional[list[StatLogger]] = None) -> None:
+        exit_if_bootstrapping("AsyncLLM")  # in a spawned child re-running an unguarded script: before loading
         self.engine_args = engine_args
         resolved = resolve_model(engine_args.model)
         self.tokenizer = load_tokenizer(resolved)

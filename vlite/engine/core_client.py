@@ -27,8 +27,12 @@ from vlite.engine.core_messages import (EngineCoreOutputs, EngineCoreRequestType
                                         decode_outputs, encode)
 from vlite.engine.core_proc import run_engine_core
 from vlite.engine.input_processor import EngineCoreRequest
+from vlite.executor.start_method import PROCESS_PREFIX, UNGUARDED_MAIN_EXIT, unguarded_main_message
 
 logger = logging.getLogger("vlite")
+
+# The engine-core process is always spawned: ZeroMQ's threads run here by then (and a server's).
+_SPAWNED_BECAUSE = "this process runs ZeroMQ's threads when it starts the engine core"
 
 
 class EngineDeadError(RuntimeError):
@@ -51,7 +55,7 @@ class AsyncMPClient:
         # A daemonic process may not start children: with worker processes the engine core is not one
         # (shutdown() still stops it, and its workers die with it).
         workers = ParallelConfig(engine_args.tensor_parallel_size, engine_args.distributed_executor_backend).backend
-        self.proc = mp.Process(target=run_engine_core, name="vlite-engine-core", daemon=workers == "uni",
+        self.proc = mp.Process(target=run_engine_core, name=f"{PROCESS_PREFIX}engine-core", daemon=workers == "uni",
                                args=(engine_args, input_addr, output_addr, logging.getLogger("vlite").level
                                      or logging.WARNING))
         self.proc.start()
@@ -83,6 +87,8 @@ class AsyncMPClient:
                     self.ready = msg.ready
                     return msg.ready
             elif not self.proc.is_alive():
+                if self.proc.exitcode == UNGUARDED_MAIN_EXIT:  # it re-ran the script up to its AsyncLLM
+                    raise EngineDeadError(unguarded_main_message("AsyncLLM", _SPAWNED_BECAUSE))
                 raise EngineDeadError(f"engine core exited during start-up (exit code {self.proc.exitcode})")
         raise TimeoutError("engine core did not become ready in time")
 
