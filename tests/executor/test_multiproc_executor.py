@@ -229,6 +229,7 @@ def test_an_async_llm_script_without_the_guard_fails_at_once_with_one_line(folde
 def test_the_start_method_follows_the_environment_and_forks_only_a_single_thread(monkeypatch, caplog):
     from vlite.executor import start_method
 
+    monkeypatch.delenv("VLITE_WORKER_MULTIPROC_METHOD", raising=False)
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     assert start_method.worker_start_method() == ("spawn", "VLLM_WORKER_MULTIPROC_METHOD=spawn")
     monkeypatch.setenv("VLITE_WORKER_MULTIPROC_METHOD", "forkserver")  # VLITE_ first
