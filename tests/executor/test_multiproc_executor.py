@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -144,7 +145,7 @@ params = SamplingParams(temperature=0.0, max_tokens={max_new}, ignore_eos=True, 
 outputs = llm.generate([{{"prompt_token_ids": p}} for p in {prompts!r}], params, use_tqdm=False)
 with open(sys.argv[1], "wb") as f:
     pickle.dump((llm.llm_engine.engine_core.executor.start_method, [o.outputs[0] for o in outputs]), f)
-"""
+{epilogue}"""
 # Threads before LLM(): torch's OpenMP pool (a forked worker would hang in its first parallel region).
 _THREADS = "import torch\ntorch.set_num_threads(2)\n(torch.randn(2000, 2000) + 1).sum()"
 _ASYNC_SCRIPT = """\
@@ -162,9 +163,24 @@ _GUARD = 'if __name__ == "__main__":'
 _UNGUARDED = "at module level, and its processes must be started by spawn because "
 
 
-def _script(folder: Path, prompt_ids: list[list[int]], prelude: str = "", guard: bool = False) -> str:
+# A worker killed between steps: the next generate fails at once, no worker left (as spawned ones).
+_KILL_RANK_1 = """\
+import os, signal, time
+from vlite.executor import ExecutorDeadError
+procs = llm.llm_engine.engine_core.executor.procs
+os.kill(procs[1].pid, signal.SIGKILL)
+start = time.monotonic()
+try:
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)
+except ExecutorDeadError as e:
+    print(f"dead after {time.monotonic() - start:.2f} s: {e}; alive: {[p.pid for p in procs if p.is_alive()]}")
+"""
+
+
+def _script(folder: Path, prompt_ids: list[list[int]], prelude: str = "", guard: bool = False,
+            epilogue: str = "") -> str:
     body = _SCRIPT.format(prelude=prelude, folder=str(folder), step=tiny.STEP_TOKENS, max_new=tiny.MAX_NEW,
-                          prompts=prompt_ids)
+                          prompts=prompt_ids, epilogue=epilogue)
     return f"{_GUARD}\n{textwrap.indent(body, '    ')}" if guard else body
 
 
@@ -196,12 +212,16 @@ def _assert_one_line_failure(proc: subprocess.CompletedProcess, seconds: float, 
 def test_a_plain_script_without_the_main_guard_forks_its_workers(folder: Path, prompt_ids: list[list[int]],
                                                                   refs: list[Any], tmp_path: Path):
     """No thread runs before LLM(): the workers are forked (the script is not re-run), each loads its
-    own shard, and the output is the spawned workers' (token-identical to transformers)."""
-    proc, result, _ = _run_script(_script(folder, prompt_ids), tmp_path)
+    own shard, and the output is the spawned workers' (token-identical to transformers); a forked worker
+    killed fails the next generate at once and leaves no worker behind."""
+    proc, result, _ = _run_script(_script(folder, prompt_ids, epilogue=_KILL_RANK_1), tmp_path)
     assert proc.returncode == 0, proc.stderr
     method, completions = result
     assert method == "fork"
     print(tiny.assert_parity(completions, refs))
+    print(proc.stdout)
+    assert re.search(r"dead after 0\.\d+ s: worker rank 1 \(pid \d+\) exited with code -9; alive: \[\]",
+                     proc.stdout), proc.stdout
 
 
 def test_a_script_with_threads_and_no_guard_fails_at_once_with_one_line(folder: Path, prompt_ids: list[list[int]],
