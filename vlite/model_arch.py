@@ -5,6 +5,12 @@ meanings: they follow Hugging Face's configs. Which architectures exist, and the
 fixes, is vlite/models/registry.py's business; vlite/model_loader/hf_config.py and gguf_config.py turn
 a config.json or a GGUF header into the record. This module imports nothing of vlite's, and no torch:
 the layers and the API process read it.
+
+What a family's layers are (norm placement, q/k norms, rotary, soft-capping, mixtures) is its model
+file's code (vlite/models/<arch>.py); the flags below that name one family's structure (qk_norm,
+sandwich_norms, post_norms, scale_embeddings, ...) are what the loaders need (expected_weight_names, the
+GGUF names and conventions, tensor-parallel checks), and the values (caps, scales, bases) the model
+files read.
 """
 
 from __future__ import annotations

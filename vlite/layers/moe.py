@@ -80,11 +80,3 @@ class SparseMoE(nn.Module):
         out = torch.zeros_like(x).index_add_(0, tokens, out_rows)
         return out if residual is None else out + residual
 
-
-def feed_forward(cfg: ModelArchConfig, w: Weights, layer_prefix: str, plan: QuantizationPlan,
-                 dtype: torch.dtype, layer: int) -> nn.Module:
-    """Layer `layer`'s feed-forward block: the mixture on the config's `moe_layers`, else the dense
-    gated MLP (every layer of a dense model; Qwen3-MoE's `mlp_only_layers`)."""
-    if layer in cfg.moe_layers:
-        return SparseMoE(cfg, w, f"{layer_prefix}.{cfg.moe_prefix}", plan, dtype)
-    return GatedMLP(cfg, w, f"{layer_prefix}.mlp", plan, dtype)
