@@ -99,12 +99,17 @@ class SchedulerConfig:
     policy: str = "fcfs"  # "fcfs" or "priority"
     long_prefill_token_threshold: int = 0  # cap on one prefill chunk per step; 0: no cap
     max_num_partial_prefills: int = 1  # prompts that may be mid-prefill at once
+    # False (encoder models: bidirectional attention over the whole prompt): a prompt runs in one step or waits.
+    enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_num_partial_prefills"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_model_len "
+                             f"({self.max_model_len}) where prompts are not chunked (encoder models)")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(
                 f"long_prefill_token_threshold must be non-negative, got {self.long_prefill_token_threshold}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass
@@ -44,3 +44,79 @@ class RequestOutput:
     prompt_logprobs: Optional[PromptLogprobs] = None
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+
+
+# ---- pooling models (vLLM's classes): LLM.encode / embed / classify / score -------------------------------
+
+
+@dataclass
+class PoolingOutput:
+    """The pooled output of one request: an embedding, a classifier's scores, or one row per token."""
+
+    data: Any  # torch.Tensor, float32
+
+
+@dataclass
+class PoolingRequestOutput:
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    prompt: Optional[str] = None
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return cls(out.request_id, EmbeddingOutput(out.outputs.data.tolist()), out.prompt_token_ids, out.finished)
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> ClassificationRequestOutput:
+        return cls(out.request_id, ClassificationOutput(out.outputs.data.tolist()), out.prompt_token_ids,
+                   out.finished)
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

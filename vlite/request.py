@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
+    from vlite.pooling_params import PoolingParams
     from vlite.sampling_params import SamplingParams
     from vlite.structured_output.request import StructuredOutputRequest
 
@@ -87,6 +88,11 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     # Set by the structured-output manager for a request with sampling_params.structured_outputs.
     structured_output_request: Optional[StructuredOutputRequest] = None
+    # A pooling request (embedding, score, class): its sampling_params ask for no token (max_tokens 0); it
+    # ends once its prompt is computed and pooled ("pooling finished").
+    pooling_params: Optional[PoolingParams] = None
+    # Cross-encoders: each prompt token's segment (0: the query, 1: the document); None: all 0.
+    token_type_ids: Optional[list[int]] = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -184,3 +184,19 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
+
+
+class EncoderOnlyKVCacheManager(KVCacheManager):
+    """For models that keep no KV cache (bidirectional encoders: a prompt is computed whole in one step and
+    nothing of it is read again): every allocation succeeds with no block, and nothing is cached."""
+
+    def __init__(self, block_size: int) -> None:
+        super().__init__(1, block_size, enable_caching=False)  # one block nobody takes: the usage stays 0
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        return [], 0
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
+        self.req_to_blocks.setdefault(request.request_id, [])
+        return []

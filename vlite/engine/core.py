@@ -73,7 +73,8 @@ class EngineCore:
         req = Request(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             sampling_params=request.sampling_params, eos_token_ids=request.eos_token_ids,
-            arrival_time=request.arrival_time, priority=request.priority)
+            arrival_time=request.arrival_time, priority=request.priority, pooling_params=request.pooling_params,
+            token_type_ids=request.token_type_ids)
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         if req.sampling_params.structured_outputs is not None:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
+from vlite.pooling_params import PoolingParams
 from vlite.sampling_params import SamplingParams
 
 PromptType = Union[str, dict, list[int]]
@@ -25,6 +26,8 @@ class EngineCoreRequest:
     eos_token_ids: tuple[int, ...]
     arrival_time: float
     priority: int = 0
+    pooling_params: Optional[PoolingParams] = None  # a pooling request (its sampling_params ask for no token)
+    token_type_ids: Optional[list[int]] = None  # cross-encoders: 0 for the query's tokens, 1 for the document's
 
 
 class InputProcessor:
@@ -38,6 +41,8 @@ class InputProcessor:
         self.vocab_size = vocab_size
         self.kv_capacity_tokens = kv_capacity_tokens
         self.eos_token_ids = eos_token_ids
+        # Models that compute a prompt in one step (encoders): the longest prompt a step takes.
+        self.max_prompt_tokens: Optional[int] = None
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):
@@ -71,7 +76,48 @@ class InputProcessor:
         return prompt_text, EngineCoreRequest(request_id, token_ids, params, self.eos_token_ids,
                                               arrival_time or time.time(), priority)
 
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+    def process_pooling_inputs(self, request_id: str, prompt: PromptType, params: PoolingParams,
+                               arrival_time: Optional[float] = None, priority: int = 0
+                               ) -> tuple[Optional[str], EngineCoreRequest]:
+        """A pooling request: `prompt` as for generation, or {"prompt": query, "prompt_pair": document} (a
+        cross-encoder's two segments, with their token types). Text is truncated to `truncate_prompt_tokens`
+        by the tokenizer (its side, its special tokens kept: as sentence-transformers does); token ids keep
+        their last n."""
+        if not isinstance(params, PoolingParams):
+            raise ValueError(f"pooling_params must be a PoolingParams, got {type(params).__name__}")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        limit = params.truncate_prompt_tokens
+        if limit is not None and limit > self.max_model_len:
+            raise ValueError(f"truncate_prompt_tokens ({limit}) exceeds max_model_len ({self.max_model_len})")
+        limit = self.max_model_len if limit == -1 else limit
+        token_type_ids = None
+        if isinstance(prompt, dict) and "prompt_pair" in prompt:
+            text = (prompt.get("prompt"), prompt["prompt_pair"])
+            if not all(isinstance(t, str) and t for t in text):
+                raise ValueError("a scored pair needs two non-empty texts")
+            enc = self.tokenizer(*text, truncation="only_second" if limit else False, max_length=limit)
+            prompt_text, token_ids = f"{text[0]}\n{text[1]}", list(enc["input_ids"])
+            token_type_ids = list(enc["token_type_ids"]) if "token_type_ids" in enc else None
+        else:
+            text = prompt if isinstance(prompt, str) else (
+                prompt.get("prompt") if isinstance(prompt, dict) and "prompt_token_ids" not in prompt else None)
+            if limit is not None and isinstance(text, str) and text:
+                prompt_text = text
+                token_ids = list(self.tokenizer(text, truncation=True, max_length=limit)["input_ids"])
+            else:
+                prompt_text, token_ids = self.tokenize_prompt(prompt)
+                if limit is not None:
+                    token_ids = token_ids[-limit:]
+        self._validate(token_ids, None)
+        if self.max_prompt_tokens is not None and len(token_ids) > self.max_prompt_tokens:
+            raise ValueError(f"prompt is {len(token_ids)} tokens long, more than max_num_batched_tokens "
+                             f"({self.max_prompt_tokens}): this model computes a prompt in one step")
+        sampling = SamplingParams(max_tokens=0, detokenize=False)
+        return prompt_text, EngineCoreRequest(request_id, token_ids, sampling, self.eos_token_ids,
+                                              arrival_time or time.time(), priority, params.clone(), token_type_ids)
+
+    def _validate(self, token_ids: list[int], params: Optional[SamplingParams]) -> None:
         n = len(token_ids)
         if n == 0:
             raise ValueError("prompt must not be empty (it has 0 tokens)")
@@ -86,6 +132,8 @@ class InputProcessor:
                             f"kv_cache_memory_bytes)")
         if problems:
             raise ValueError(f"prompt is {n} tokens long, " + " and ".join(problems))
+        if params is None:
+            return
         params.verify_vocab(self.vocab_size)
         if params.structured_outputs is not None and self.validate_structured_outputs is not None:
             self.validate_structured_outputs(params.structured_outputs)

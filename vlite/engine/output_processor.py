@@ -14,7 +14,8 @@ from typing import Any, Optional
 from vlite.core.sched.output import EngineCoreOutput
 from vlite.engine.detokenizer import IncrementalDetokenizer
 from vlite.engine.parallel_sampling import ParentRequest
-from vlite.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput, SampleLogprobs
+from vlite.outputs import (CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, PromptLogprobs, RequestOutput,
+                           SampleLogprobs)
 from vlite.request import FinishReason
 from vlite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -65,7 +66,7 @@ class IterationStats:
 
 @dataclass
 class OutputProcessorOutput:
-    request_outputs: list[RequestOutput]
+    request_outputs: list[RequestOutput | PoolingRequestOutput]
     reqs_to_abort: list[str]  # ended by a stop string here; still running in the engine core
     iteration_stats: IterationStats = field(default_factory=IterationStats)
 
@@ -112,7 +113,7 @@ class OutputProcessor:
         return outputs
 
     def process_outputs(self, engine_core_outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
-        request_outputs: list[RequestOutput] = []
+        request_outputs: list[RequestOutput | PoolingRequestOutput] = []
         reqs_to_abort: list[str] = []
         stats = IterationStats()
         now = time.time()
@@ -126,6 +127,16 @@ class OutputProcessor:
             if eco.first_scheduled_time is not None:
                 state.queue_time = max(eco.first_scheduled_time - state.arrival_time, 0.0)
             finish_reason, stop_reason = eco.finish_reason, eco.stop_reason
+            if eco.pooling_output is not None:  # a pooling request ends with its pooled output
+                request_outputs.append(PoolingRequestOutput(
+                    eco.request_id, PoolingOutput(eco.pooling_output), state.prompt_token_ids, True, state.prompt,
+                    eco.num_cached_tokens))
+                stats.num_prompt_tokens += len(state.prompt_token_ids)
+                stats.finished_requests.append(FinishedRequestStats(
+                    finish_reason or str(FinishReason.STOP), now - state.arrival_time, len(state.prompt_token_ids), 0,
+                    state.queue_time))
+                del self.request_states[eco.request_id]
+                continue
             new_ids = eco.new_token_ids
             if state.detokenizer is not None and new_ids:
                 before = state.detokenizer.num_output_tokens

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlite.pooling_params import PoolingParams
 from vlite.sampling_params import SamplingParams
 
 
@@ -21,6 +22,8 @@ class NewRequestData:
     block_ids: list[int]
     # Tokens already in the KV cache (prefix-cache hit) when the request is (re)admitted.
     num_computed_tokens: int
+    pooling_params: PoolingParams | None = None  # a pooling request: pooled when its prompt is done
+    token_type_ids: list[int] | None = None
 
 
 @dataclass
@@ -46,8 +49,9 @@ class SchedulerOutput:
     # req_id -> True when this step reaches the end of the request's known tokens, i.e. the
     # runner must sample a token for it (False for a chunk in the middle of a prompt).
     sample_req_ids: set[str] = field(default_factory=set)
-    # Requests with max_tokens 0 whose prompt this step completes: nothing is sampled for them
-    # (only their prompt logprobs are wanted); update_from_output finishes them ("length").
+    # Requests with max_tokens 0 whose prompt this step completes: nothing is sampled for them (only their
+    # prompt logprobs are wanted, or, for a pooling request, its pooled output); update_from_output finishes
+    # them ("length"; a pooling request "stop").
     prompt_done_req_ids: set[str] = field(default_factory=set)
     # Speculative decoding: req_id -> the draft tokens scheduled after its next token (verified this step).
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
@@ -70,6 +74,9 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
     # Speculative decoding: req_id -> draft tokens proposed for the next step (absent: none).
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Pooling: req_id -> the pooled output (float32 values) of each pooling request whose prompt this step
+    # completed.
+    pooler_output: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,6 +94,8 @@ class EngineCoreOutput:
     error: str | None = None
     # The error is the request's own fault (e.g. a grammar that does not compile): a 400, not a 500.
     bad_request: bool = False
+    # A pooling request's output (it finishes with it).
+    pooling_output: list[float] | None = None
 
     @property
     def finished(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Iterable, Optional
 
 from vlite.config import SchedulerConfig, SpeculativeConfig
 from vlite.core.kv_cache_manager import KVCacheManager
+from vlite.core.sched.fault_isolation import FaultIsolation
 from vlite.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                      SchedulerOutput)
 from vlite.core.sched.request_queue import RequestQueue, SchedulingPolicy, create_request_queue
@@ -21,7 +22,7 @@ from vlite.core.sched.utils import check_stop, usable_drafts
 from vlite.request import FinishReason, Request, RequestStatus
 
 
-class Scheduler:
+class Scheduler(FaultIsolation):
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager,
                  speculative_config: Optional[SpeculativeConfig] = None) -> None:
         self.config = scheduler_config
@@ -207,7 +208,9 @@ class Scheduler:
             num_new_tokens = self._cap_new_tokens(request, request.num_tokens - num_computed_tokens, token_budget)
             is_partial = num_computed_tokens + num_new_tokens < request.num_prompt_tokens
             new_blocks = None
-            if not (is_partial and num_partial_prefills >= self.config.max_num_partial_prefills):
+            # Unchunked prompts (encoders) wait for a step with room for all of them.
+            if not (is_partial and (num_partial_prefills >= self.config.max_num_partial_prefills
+                                    or not self.config.enable_chunked_prefill)):
                 new_blocks = kv.allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks)
             if new_blocks is None:
                 # Cannot start now for a reason of its own: step aside for the requests behind it.
@@ -229,6 +232,8 @@ class Scheduler:
                 sampling_params=request.sampling_params,
                 block_ids=kv.get_block_ids(request.request_id),
                 num_computed_tokens=num_computed_tokens,
+                pooling_params=request.pooling_params,
+                token_type_ids=request.token_type_ids,
             ))
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
@@ -278,80 +283,6 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
-
-    # ---- fault isolation -----------------------------------------------------------------
-
-    def _schedule_isolated(self, suspect: Request) -> SchedulerOutput:
-        """Schedule the head suspect alone: the normal schedule over queues holding only it.
-
-        A suspect cleared in an earlier step goes back to `waiting` first (its blocks stay in
-        the prefix cache) and is reported as preempted so the runner drops its row. Requests that
-        arrive meanwhile queue as usual and start when isolation ends.
-        """
-        cleared = [r for r in self.running if r is not suspect]
-        if cleared:
-            self.running = [r for r in self.running if r is suspect]
-            self._requeue(cleared)
-        saved = self.waiting, self.skipped_waiting
-        self.waiting, self.skipped_waiting = create_request_queue(self.policy), create_request_queue(self.policy)
-        if suspect.status != RequestStatus.RUNNING:
-            for queue in saved:
-                if suspect in queue:
-                    queue.remove_request(suspect)
-                    break
-            self.waiting.add_request(suspect)
-        try:
-            output = self._schedule()
-        finally:
-            if suspect.status != RequestStatus.RUNNING and not suspect.is_finished:
-                saved[0].prepend_request(suspect)  # could not start (e.g. no free blocks yet)
-            self.waiting, self.skipped_waiting = saved
-        output.preempted_req_ids |= {r.request_id for r in cleared}
-        return output
-
-    def _requeue(self, requests: list[Request]) -> None:
-        """Back to `waiting` without their blocks, not counted as preemptions (fault recovery).
-
-        FCFS keeps `waiting` in arrival order; the priority heap orders them itself.
-        """
-        for request in requests:
-            self._release_for_recompute(request)
-        if self.policy == SchedulingPolicy.FCFS:
-            merged = sorted([*self.waiting, *requests], key=lambda r: r.arrival_time)
-            self.waiting = create_request_queue(self.policy)
-            for request in merged:
-                self.waiting.add_request(request)
-        else:
-            for request in requests:
-                self.waiting.add_request(request)
-
-    def handle_step_failure(self, scheduler_output: SchedulerOutput) -> list[Request]:
-        """The step for `scheduler_output` raised after scheduling. Returns the requests failed.
-
-        A request that was alone in the step is the cause: it finishes with FINISHED_ERROR. With
-        several, the culprit is unknown: they become suspects and run alone, one at a time. The
-        runner's batch state is discarded, so every running request returns to `waiting` and
-        resumes with the tokens it has.
-        """
-        scheduled = [r for r in scheduler_output.num_scheduled_tokens if r in self.requests]
-        failed: list[Request] = []
-        if len(scheduled) == 1:
-            failed = self.finish_requests(scheduled, RequestStatus.FINISHED_ERROR)
-        self._requeue(self.running)
-        self.running = []
-        # Blocks hashed when allocated for this step may never have received their K/V.
-        reset = self.kv_cache_manager.reset_prefix_cache()
-        assert reset, "every block is free once nothing runs"
-        if len(scheduled) > 1:
-            known = set(scheduled)
-            self.suspects = deque(scheduled + [r for r in self.suspects if r not in known])
-        return failed
-
-    def on_step_succeeded(self, scheduler_output: SchedulerOutput) -> None:
-        """In isolation, a suspect that sampled alone without raising is cleared."""
-        if self.suspects and (self.suspects[0] not in self.requests
-                              or self.suspects[0] in scheduler_output.sample_req_ids):
-            self.suspects.popleft()
 
     # ---- update --------------------------------------------------------------------------
 
@@ -411,16 +342,20 @@ class Scheduler:
             for req_id, plp in prompt_logprobs.items():
                 if req_id not in sampled and req_id not in done and req_id in self.requests:
                     outputs.append(EngineCoreOutput(request_id=req_id, new_token_ids=[], new_prompt_logprobs=plp))
-        # max_tokens 0: the prompt is computed (and scored), the request ends without a token.
+        # max_tokens 0: the prompt is computed (and scored), the request ends without a token; a pooling
+        # request ends with its pooled output ("pooling finished").
+        pooled = model_runner_output.pooler_output
         for req_id in done:
             request = requests.get(req_id)
             if request is None or request.is_finished:
                 continue
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            pooling = request.pooling_params is not None
+            request.status = RequestStatus.FINISHED_STOPPED if pooling else RequestStatus.FINISHED_LENGTH_CAPPED
             outputs.append(EngineCoreOutput(
                 request_id=req_id, new_token_ids=[], finish_reason=str(request.get_finished_reason()),
                 new_prompt_logprobs=prompt_logprobs.get(req_id) if prompt_logprobs else None,
-                num_cached_tokens=max(request.num_cached_tokens, 0), first_scheduled_time=request.first_scheduled_time))
+                num_cached_tokens=max(request.num_cached_tokens, 0), first_scheduled_time=request.first_scheduled_time,
+                pooling_output=pooled.get(req_id) if pooling else None))
             self._free_request(request)
             stopped = True
         if stopped:
