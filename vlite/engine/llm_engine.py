@@ -23,6 +23,7 @@ from vlite.engine.parallel_sampling import ParentRequest
 from vlite.executor.start_method import exit_if_bootstrapping
 from vlite.model_loader import load_tokenizer
 from vlite.outputs import RequestOutput
+from vlite.pooling_params import PoolingParams
 from vlite.profiler import section
 from vlite.sampling_params import SamplingParams
 
@@ -79,12 +80,17 @@ class LLMEngine:
     def get_tokenizer(self) -> Any:
         return self.tokenizer
 
-    def add_request(self, request_id: str, prompt: PromptType, params: Optional[SamplingParams] = None,
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams | None = None,
                     arrival_time: Optional[float] = None, priority: int = 0) -> None:
+        """A generation request (SamplingParams), or a pooling one (PoolingParams with its task set)."""
         if request_id in self.output_processor.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        prompt_text, request = self.input_processor.process_inputs(
-            request_id, prompt, params or SamplingParams(), arrival_time, priority)
+        if isinstance(params, PoolingParams):
+            prompt_text, request = self.input_processor.process_pooling_inputs(
+                request_id, prompt, params, arrival_time, priority)
+        else:
+            prompt_text, request = self.input_processor.process_inputs(
+                request_id, prompt, params or SamplingParams(), arrival_time, priority)
         self._add_processed_request(prompt_text, request)
 
     def _add_processed_request(self, prompt_text: Optional[str], request: EngineCoreRequest) -> None:

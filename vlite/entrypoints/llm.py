@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from typing import Any, Optional, Sequence, Union
@@ -9,7 +10,9 @@ from typing import Any, Optional, Sequence, Union
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.input_processor import PromptType
 from vlite.engine.llm_engine import LLMEngine
-from vlite.outputs import RequestOutput
+from vlite.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput,
+                           ScoringOutput, ScoringRequestOutput)
+from vlite.pooling_params import PoolingParams
 from vlite.sampling_params import RequestOutputKind, SamplingParams
 
 Conversation = list[dict[str, Any]]
@@ -46,11 +49,7 @@ class LLM:
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = True, priority: Optional[list[int]] = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
-                                                and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]
-        prompts = list(prompts)
-        return self._run(prompts, sampling_params, use_tqdm, priority)
+        return self._run(_as_prompt_list(prompts), sampling_params, use_tqdm, priority)
 
     def chat(self, messages: Union[Conversation, list[Conversation]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
@@ -74,6 +73,81 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self._run(prompts, sampling_params, use_tqdm, None)
 
+    # ---- pooling models (runner="pooling") ------------------------------------------------------------
+
+    def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
+               pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None, *,
+               truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
+               pooling_task: str = "embed") -> list[PoolingRequestOutput]:
+        """The pooled output of each prompt (`outputs.data`, a float32 tensor), for `pooling_task`
+        ("embed", "classify"); in input order."""
+        import torch
+
+        prompts = _as_prompt_list(prompts)
+        n = len(prompts)
+        if pooling_params is None:
+            pooling_params = PoolingParams()
+        params = ([pooling_params] * n if isinstance(pooling_params, PoolingParams) else list(pooling_params))
+        if len(params) != n:
+            raise ValueError(f"pooling_params has {len(params)} entries for {n} prompts")
+        if truncate_prompt_tokens is not None:
+            params = [dataclasses.replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
+        params = [dataclasses.replace(p, task=pooling_task) for p in params]
+        engine = self.llm_engine
+        processed = [engine.input_processor.process_pooling_inputs(str(next(self._request_counter)), prompt, p)
+                     for prompt, p in zip(prompts, params)]
+        outputs = self._add_and_run(processed, use_tqdm)
+        for out in outputs:
+            if isinstance(out, RequestOutput):  # it failed in the engine: no pooled output
+                raise RuntimeError(f"request {out.request_id} failed: {out.outputs[0].finish_reason}")
+            out.outputs.data = torch.tensor(out.outputs.data, dtype=torch.float32)
+        return outputs
+
+    def embed(self, prompts: Union[PromptType, Sequence[PromptType]], *, truncate_prompt_tokens: Optional[int] = None,
+              use_tqdm: bool = True, pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None
+              ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (`outputs.embedding`), normalized as the model's pipeline says."""
+        return [EmbeddingRequestOutput.from_base(o) for o in self.encode(
+            prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm)]
+
+    def classify(self, prompts: Union[PromptType, Sequence[PromptType]], *, use_tqdm: bool = True,
+                 pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None
+                 ) -> list[ClassificationRequestOutput]:
+        """A classifier's class probabilities per prompt (`outputs.probs`)."""
+        return [ClassificationRequestOutput.from_base(o) for o in self.encode(
+            prompts, pooling_params, use_tqdm=use_tqdm, pooling_task="classify")]
+
+    def score(self, data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]], /, *,
+              truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
+              pooling_params: Optional[PoolingParams] = None) -> list[ScoringRequestOutput]:
+        """The relevance of each (data_1, data_2) pair: one text against many (1:N) or pairwise (N:N). A
+        cross-encoder reads each pair in one input; an embedding model gives the cosine of the two embeddings."""
+        first = [data_1] if isinstance(data_1, str) else list(data_1)
+        second = [data_2] if isinstance(data_2, str) else list(data_2)
+        if len(first) == 1:
+            first = first * len(second)
+        if not second or len(first) != len(second):
+            raise ValueError(f"score needs one text or as many as data_2 in data_1: got {len(first)} and "
+                             f"{len(second)}")
+        params = pooling_params or PoolingParams()
+        if truncate_prompt_tokens is not None:
+            params = dataclasses.replace(params, truncate_prompt_tokens=truncate_prompt_tokens)
+        if self.llm_engine.pooling_info.cross_encoder:
+            pairs = [{"prompt": a, "prompt_pair": b} for a, b in zip(first, second)]
+            outs = self.encode(pairs, params, use_tqdm=use_tqdm, pooling_task="score")
+            return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.data.reshape(-1)[0])),
+                                         o.prompt_token_ids) for o in outs]
+        import torch
+
+        embeds = self.encode(first + second, params, use_tqdm=use_tqdm)
+        n = len(first)
+        out = []
+        for a, b in zip(embeds[:n], embeds[n:]):
+            cos = torch.nn.functional.cosine_similarity(a.outputs.data, b.outputs.data, dim=0)
+            out.append(ScoringRequestOutput(f"{a.request_id}_{b.request_id}", ScoringOutput(float(cos)),
+                                            a.prompt_token_ids + b.prompt_token_ids))
+        return out
+
     def _run(self, prompts: list[PromptType], sampling_params: Any, use_tqdm: bool,
              priority: Optional[list[int]]) -> list[RequestOutput]:
         n = len(prompts)
@@ -95,9 +169,13 @@ class LLM:
                 params.output_kind = RequestOutputKind.FINAL_ONLY
             req_id = str(next(self._request_counter))
             processed.append(engine.input_processor.process_inputs(req_id, prompt, params, priority=prio))
+        return self._add_and_run(processed, use_tqdm)
+
+    def _add_and_run(self, processed: list, use_tqdm: bool) -> list:
+        """Add the validated requests, run the engine until they finish; their outputs in this order."""
         order = {}
         for i, (prompt_text, request) in enumerate(processed):
-            engine._add_processed_request(prompt_text, request)
+            self.llm_engine._add_processed_request(prompt_text, request)
             order[request.request_id] = i
         return self._run_engine(order, use_tqdm)
 
@@ -119,7 +197,8 @@ class LLM:
                         results[order[output.request_id]] = output
                         if bar is not None:
                             in_tokens += len(output.prompt_token_ids)
-                            out_tokens += sum(len(c.token_ids) for c in output.outputs)
+                            if isinstance(output, RequestOutput):  # pooling outputs have no tokens
+                                out_tokens += sum(len(c.token_ids) for c in output.outputs)
                             elapsed = max(time.perf_counter() - start, 1e-9)
                             bar.postfix = (f"est. speed input: {in_tokens / elapsed:.2f} toks/s, "
                                            f"output: {out_tokens / elapsed:.2f} toks/s")
@@ -128,6 +207,14 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [r for r in results if r is not None]
+
+
+def _as_prompt_list(prompts: Union[PromptType, Sequence[PromptType]]) -> list[PromptType]:
+    """One prompt (a text, a dict, a list of token ids) or a sequence of them, as a list."""
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                            and all(isinstance(t, int) for t in prompts)):
+        return [prompts]
+    return list(prompts)
 
 
 def _template_message(message: dict[str, Any]) -> dict[str, Any]:
