@@ -13,11 +13,15 @@ if TYPE_CHECKING:  # the loaded facts' types; this module stays import-light (th
     from vlite.layers.quantization import QuantizationPlan
     from vlite.model_arch import ModelArchConfig
     from vlite.model_loader import ResolvedModel
+    from vlite.pooling.config import PoolerConfig
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Weight-only methods of vlite.layers.quantization; "none" forces dense weights.
 QUANTIZATION_METHODS = ("int8", "int4")
 QUANTIZATION_CHOICES = ("none", *QUANTIZATION_METHODS)
+# vLLM's --runner and --convert: what the engine does with the model's hidden states.
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "none", "embed", "classify")
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,8 +55,16 @@ class ModelConfig:
     chat_template: Optional[str] = None
     # Weight-only "int8" / "int4", "none" (dense), or None: automatic (vlite.layers.quantization).
     quantization: Optional[str] = None
+    # "generate" samples tokens; "pooling" returns embeddings / scores (encoders; decoders through `convert`);
+    # "auto": pooling for encoder models, else generate.
+    runner: str = "auto"
+    convert: str = "auto"  # a decoder as a pooling model: "embed" (the default) or "classify"
 
     def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {RUNNERS}, got {self.runner!r}")
+        if self.convert not in CONVERTS:
+            raise ValueError(f"convert must be one of {CONVERTS}, got {self.convert!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
@@ -325,7 +337,10 @@ class LoadedEngineConfig:
     num_kv_blocks: int
     eos_token_ids: tuple[int, ...]
     device: str = "cpu"  # where the model runs: "cpu" or "cuda" (DeviceConfig.resolve)
+    pooler_config: Optional[PoolerConfig] = None  # a pooling model's (runner "pooling"); None: generation
 
     @property
     def kv_capacity_tokens(self) -> int:
+        if not self.arch.is_causal:  # encoders keep no KV cache: a prompt is bounded by max_model_len alone
+            return self.config.scheduler_config.max_model_len
         return self.num_kv_blocks * self.config.cache_config.block_size

@@ -47,25 +47,15 @@ class PoolingParams:
     def clone(self) -> PoolingParams:
         return replace(self)
 
-    def verify(self, task: str, hidden_size: int, matryoshka_dimensions: Optional[tuple[int, ...]],
-               is_matryoshka: bool) -> PoolingParams:
-        """These parameters for `task` on a model with the given pooler facts; a ValueError naming the field
-        and its limit where they do not fit."""
+    def verify(self, task: str, pooler_config: Any, hidden_size: int) -> PoolingParams:
+        """These parameters for `task` on a model with `pooler_config` (vlite.pooling.config.PoolerConfig); a
+        ValueError naming the field and its limit where they do not fit, before any work."""
         if self.task is not None and self.task != task:
             raise ValueError(f"task {self.task!r} does not match the request's {task!r}")
-        out = replace(self, task=task)
-        if out.dimensions is not None:
-            if task != "embed":
-                raise ValueError(f"dimensions applies to embeddings only, not to task {task!r}")
-            if not is_matryoshka:
-                raise ValueError("dimensions is only supported by Matryoshka models; this model's embeddings "
-                                 f"have a fixed size ({hidden_size})")
-            if matryoshka_dimensions and out.dimensions not in matryoshka_dimensions:
-                raise ValueError(f"dimensions must be one of {list(matryoshka_dimensions)} for this model, "
-                                 f"got {out.dimensions}")
-            if out.dimensions > hidden_size:
-                raise ValueError(f"dimensions ({out.dimensions}) exceeds the embedding size ({hidden_size})")
-        return out
+        if self.dimensions is not None and task != "embed":
+            raise ValueError(f"dimensions applies to embeddings only, not to task {task!r}")
+        pooler_config.check_dimensions(self.dimensions, hidden_size)
+        return replace(self, task=task)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("dimensions", "normalize", "activation", "truncate_prompt_tokens",

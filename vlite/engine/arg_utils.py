@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # torch loads only where the model runs (the engine-core proc
     import torch
 
     from vlite.layers.quantization import QuantizationPlan
+    from vlite.pooling.config import PoolerConfig
 
 logger = logging.getLogger("vlite")
 
@@ -45,6 +46,8 @@ class EngineArgs:
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.9
     num_threads: Optional[int] = None  # CPU threads running the model (None: VLITE_NUM_THREADS, else all cores)
+    runner: str = "auto"  # "generate" | "pooling" | "auto" (pooling for encoder models)
+    convert: str = "auto"  # a decoder as a pooling model: "embed" (default) | "classify"
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -58,7 +61,7 @@ class EngineArgs:
         """Resolve and load the model, then size everything that depends on it."""
         model_config = ModelConfig(model=self.model, dtype=self.dtype, max_model_len=self.max_model_len,
                                    seed=self.seed, chat_template=self.chat_template,
-                                   quantization=self.quantization)
+                                   quantization=self.quantization, runner=self.runner, convert=self.convert)
         cache_config = CacheConfig(block_size=self.block_size, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                                    enable_prefix_caching=self.enable_prefix_caching)
         # Validate the scheduler knobs before the (slow) model load.
@@ -106,8 +109,11 @@ class EngineArgs:
 
         from vlite.worker.model_runner import kv_cache_bytes_per_block
 
+        pooler_config = _pooler_config(model_config, resolved, arch)
         bytes_per_block = kv_cache_bytes_per_block(arch, self.block_size, torch_dtype)
-        if device == "cuda" and cache_config.kv_cache_memory_bytes is None:
+        if not arch.is_causal:  # encoders keep no KV cache: nothing to size
+            kv_bytes = bytes_per_block
+        elif device == "cuda" and cache_config.kv_cache_memory_bytes is None:
             from vlite.worker.gpu_memory import kv_cache_bytes_from_gpu_memory
 
             kv_bytes = kv_cache_bytes_from_gpu_memory(arch, weights, torch_dtype, device_config.gpu_memory_utilization,
@@ -118,9 +124,12 @@ class EngineArgs:
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory_bytes ({kv_bytes}) is smaller than one KV block "
                              f"({bytes_per_block} bytes at block_size={self.block_size})")
-        capacity = num_blocks * self.block_size
+        capacity = num_blocks * self.block_size if arch.is_causal else arch.longest_context
         # LongRoPE: the default is the original context; a longer max_model_len selects the long factors
-        max_model_len = self.max_model_len or min(arch.max_position_embeddings, capacity)
+        max_model_len = self.max_model_len or min(arch.longest_context if not arch.is_causal
+                                                  else arch.max_position_embeddings, capacity)
+        if pooler_config is not None and pooler_config.max_seq_length and not self.max_model_len:
+            max_model_len = min(max_model_len, pooler_config.max_seq_length)  # sentence-transformers' limit
         if max_model_len > arch.longest_context:
             raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit "
                              f"({arch.longest_context})")
@@ -129,11 +138,17 @@ class EngineArgs:
                              f"raise kv_cache_memory_bytes or lower max_model_len")
         arch = arch.with_max_model_len(max_model_len)
         _log_longrope(arch, max_model_len)
+        # Pooling from every token of a prompt (encoders; MEAN/CLS/MAX pooling) needs the whole prompt in one step,
+        # computed there (no prefix served from the cache); LAST pooling needs only its final token.
+        whole_prompts = not arch.is_causal or (pooler_config is not None and pooler_config.pooling_type != "LAST")
+        if whole_prompts:
+            cache_config = replace(cache_config, enable_prefix_caching=False)
         scheduler_config = SchedulerConfig(
-            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=max_model_len, policy=self.scheduling_policy,
+            max_num_seqs=self.max_num_seqs, max_model_len=max_model_len, policy=self.scheduling_policy,
+            max_num_batched_tokens=max(self.max_num_batched_tokens, max_model_len) if whole_prompts
+            else self.max_num_batched_tokens,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
-            max_num_partial_prefills=self.max_num_partial_prefills)
+            max_num_partial_prefills=self.max_num_partial_prefills, enable_chunked_prefill=not whole_prompts)
         logger.info("vlite: model %s on %s (%s, linear weights: %s), KV cache %d blocks x %d tokens = %d tokens "
                     "(%.1f MiB), max_model_len %d", resolved.name, device, dtype_name, quantization.describe(),
                     num_blocks, self.block_size, capacity,
@@ -142,7 +157,33 @@ class EngineArgs:
             config=VliteConfig(model_config, cache_config, scheduler_config, speculative_config=speculative_config,
                                parallel_config=parallel_config, device_config=device_config),
             resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
-            num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids), device=device)
+            num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids), device=device,
+            pooler_config=pooler_config)
+
+
+def _pooler_config(model_config: ModelConfig, resolved: ResolvedModel, arch: ModelArchConfig
+                   ) -> Optional[PoolerConfig]:
+    """The pooling a `runner="pooling"` engine does (its folder's sentence-transformers pipeline, else vLLM's
+    defaults), None for generation; a ValueError naming the runner where the model cannot run that way."""
+    runner = model_config.runner
+    if runner == "auto":
+        runner = "generate" if arch.is_causal else "pooling"
+    if runner == "generate":
+        if not arch.is_causal:
+            raise ValueError(f"{resolved.name} is a pooling model ({arch.architecture}): it embeds or scores text and "
+                             f"does not generate; run it with runner='pooling' (--runner pooling)")
+        if model_config.convert not in ("auto", "none"):
+            raise ValueError(f"convert={model_config.convert!r} needs runner='pooling'")
+        return None
+    if model_config.convert == "classify" and not arch.classifier:
+        raise ValueError(f"convert='classify' needs a sequence-classification head, which {resolved.name} "
+                         f"({arch.architecture}) does not have")
+    from vlite.model_loader.sentence_transformers import pooler_config_from_folder
+    from vlite.pooling.config import PoolerConfig, PoolingType
+
+    if resolved.is_gguf:  # a GGUF file carries no pooling pipeline: vLLM's default for decoders
+        return PoolerConfig(pooling_type=PoolingType.LAST)
+    return pooler_config_from_folder(resolved.path, arch)
 
 
 def _on_integer_kernels(resolved: ResolvedModel, quantization: Optional[str]) -> bool:

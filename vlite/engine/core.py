@@ -10,7 +10,7 @@ import logging
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
-from vlite.core.kv_cache_manager import KVCacheManager
+from vlite.core.kv_cache_manager import EncoderOnlyKVCacheManager, KVCacheManager
 from vlite.core.sched.output import EngineCoreOutput, SchedulerOutput
 from vlite.core.sched.scheduler import Scheduler
 from vlite.core.sched.stats import SchedulerStats
@@ -35,8 +35,10 @@ class EngineCore:
         cfg = loaded.config
         cache = cfg.cache_config
         # An all-sliding-window model (Mistral) frees the KV blocks behind the window as requests run.
-        self.kv_cache_manager = KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
-                                               sliding_window=loaded.arch.kv_sliding_window)
+        self.kv_cache_manager = (
+            KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
+                           sliding_window=loaded.arch.kv_sliding_window) if loaded.arch.is_causal
+            else EncoderOnlyKVCacheManager(cache.block_size))  # encoders keep no KV cache
         self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager, cfg.speculative_config)
         # Where the model runs (this process, or worker processes): the core talks only to the executor.
         self.executor = Executor.create(loaded, while_loading)

@@ -43,6 +43,10 @@ class InputProcessor:
         self.eos_token_ids = eos_token_ids
         # Models that compute a prompt in one step (encoders): the longest prompt a step takes.
         self.max_prompt_tokens: Optional[int] = None
+        # A pooling model's pipeline (vlite.pooling.config.PoolerConfig), None for a generation model; with the
+        # size of its hidden states (what `dimensions` may not exceed).
+        self.pooler_config: Any = None
+        self.hidden_size = 0
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):
@@ -64,6 +68,9 @@ class InputProcessor:
                        ) -> tuple[Optional[str], EngineCoreRequest]:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if self.pooler_config is not None:
+            raise ValueError("this model runs with runner='pooling' (embeddings and scores): it does not generate "
+                             "text")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         prompt_text, token_ids = self.tokenize_prompt(prompt)
@@ -85,6 +92,15 @@ class InputProcessor:
         their last n."""
         if not isinstance(params, PoolingParams):
             raise ValueError(f"pooling_params must be a PoolingParams, got {type(params).__name__}")
+        config = self.pooler_config
+        if config is None:
+            raise ValueError("embeddings and scores need a pooling model (runner='pooling'); this model runs with "
+                             "runner='generate'")
+        task = params.task or config.task
+        if (config.task == "classify") != (task in ("classify", "score")):
+            raise ValueError(f"task {task!r} is not one of this model's: "
+                             f"{'classify, score' if config.task == 'classify' else 'embed'}")
+        params = params.verify(task, config, self.hidden_size)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         limit = params.truncate_prompt_tokens
@@ -102,6 +118,10 @@ class InputProcessor:
         else:
             text = prompt if isinstance(prompt, str) else (
                 prompt.get("prompt") if isinstance(prompt, dict) and "prompt_token_ids" not in prompt else None)
+            if isinstance(text, str) and text and (config.do_lower_case or config.default_prompt_name):
+                # sentence-transformers' own steps before its tokenizer: the default prompt, lowercasing
+                text = config.prompts.get(config.default_prompt_name, "") + text
+                prompt = text = text.lower() if config.do_lower_case else text
             if limit is not None and isinstance(text, str) and text:
                 prompt_text = text
                 token_ids = list(self.tokenizer(text, truncation=True, max_length=limit)["input_ids"])
@@ -113,9 +133,10 @@ class InputProcessor:
         if self.max_prompt_tokens is not None and len(token_ids) > self.max_prompt_tokens:
             raise ValueError(f"prompt is {len(token_ids)} tokens long, more than max_num_batched_tokens "
                              f"({self.max_prompt_tokens}): this model computes a prompt in one step")
-        sampling = SamplingParams(max_tokens=0, detokenize=False)
+        sampling = SamplingParams(detokenize=False)
+        sampling.max_tokens = 0  # set past the user-facing check: a pooling request samples nothing
         return prompt_text, EngineCoreRequest(request_id, token_ids, sampling, self.eos_token_ids,
-                                              arrival_time or time.time(), priority, params.clone(), token_type_ids)
+                                              arrival_time or time.time(), priority, params, token_type_ids)
 
     def _validate(self, token_ids: list[int], params: Optional[SamplingParams]) -> None:
         n = len(token_ids)

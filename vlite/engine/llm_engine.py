@@ -67,6 +67,12 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, self.max_model_len, loaded.arch.vocab_size,
                                               loaded.kv_capacity_tokens, tuple(sorted(eos)),
                                               _validate_structured_outputs)
+        # A pooling model (runner="pooling"): its pipeline, which pooling requests are checked against.
+        self.pooler_config = loaded.pooler_config
+        self.input_processor.pooler_config = loaded.pooler_config
+        self.input_processor.hidden_size = loaded.arch.hidden_size
+        if not loaded.config.scheduler_config.enable_chunked_prefill:
+            self.input_processor.max_prompt_tokens = loaded.config.scheduler_config.max_num_batched_tokens
         self.output_processor = OutputProcessor(self.tokenizer)
         self._pending_outputs: list[RequestOutput] = []
         self._children: dict[str, list[str]] = {}  # n > 1 request id -> its children's ids

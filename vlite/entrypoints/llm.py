@@ -78,9 +78,9 @@ class LLM:
     def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
                pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None, *,
                truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
-               pooling_task: str = "embed") -> list[PoolingRequestOutput]:
-        """The pooled output of each prompt (`outputs.data`, a float32 tensor), for `pooling_task`
-        ("embed", "classify"); in input order."""
+               pooling_task: Optional[str] = None) -> list[PoolingRequestOutput]:
+        """The pooled output of each prompt (`outputs.data`, a float32 tensor), for `pooling_task` ("embed",
+        "classify", "score"; None: the model's own), in input order."""
         import torch
 
         prompts = _as_prompt_list(prompts)
@@ -92,7 +92,8 @@ class LLM:
             raise ValueError(f"pooling_params has {len(params)} entries for {n} prompts")
         if truncate_prompt_tokens is not None:
             params = [dataclasses.replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
-        params = [dataclasses.replace(p, task=pooling_task) for p in params]
+        if pooling_task is not None:
+            params = [dataclasses.replace(p, task=pooling_task) for p in params]
         engine = self.llm_engine
         processed = [engine.input_processor.process_pooling_inputs(str(next(self._request_counter)), prompt, p)
                      for prompt, p in zip(prompts, params)]
@@ -108,7 +109,8 @@ class LLM:
               ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (`outputs.embedding`), normalized as the model's pipeline says."""
         return [EmbeddingRequestOutput.from_base(o) for o in self.encode(
-            prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm)]
+            prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
+            pooling_task="embed")]
 
     def classify(self, prompts: Union[PromptType, Sequence[PromptType]], *, use_tqdm: bool = True,
                  pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None
@@ -132,14 +134,15 @@ class LLM:
         params = pooling_params or PoolingParams()
         if truncate_prompt_tokens is not None:
             params = dataclasses.replace(params, truncate_prompt_tokens=truncate_prompt_tokens)
-        if self.llm_engine.pooling_info.cross_encoder:
+        config = self.llm_engine.pooler_config
+        if config is not None and config.task == "classify":  # a cross-encoder
             pairs = [{"prompt": a, "prompt_pair": b} for a, b in zip(first, second)]
             outs = self.encode(pairs, params, use_tqdm=use_tqdm, pooling_task="score")
             return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.data.reshape(-1)[0])),
                                          o.prompt_token_ids) for o in outs]
         import torch
 
-        embeds = self.encode(first + second, params, use_tqdm=use_tqdm)
+        embeds = self.encode(first + second, params, use_tqdm=use_tqdm, pooling_task="embed")
         n = len(first)
         out = []
         for a, b in zip(embeds[:n], embeds[n:]):

@@ -13,7 +13,9 @@ then `finish`; a whole prompt in one step is `pool`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
@@ -127,6 +129,25 @@ class Pooler(nn.Module):
         (unless `activation` is False: raw logits)."""
         logits = self.classify(first_token_hidden).float()
         return logits if activation is False else _ACT[self.config.activation](logits)
+
+    def outputs(self, hidden: torch.Tensor, starts: np.ndarray, lengths: np.ndarray, params: Sequence[Any]
+                ) -> list[list[float]]:
+        """What the engine sends for each request whose whole prompt (or, for LAST pooling, its last chunk) is
+        `lengths` rows of `hidden` from `starts`, with its PoolingParams: the embedding (its `dimensions`,
+        `normalize`), or the classifier's scores (its `activation`)."""
+        starts_t, lengths_t = torch.from_numpy(np.asarray(starts)), torch.from_numpy(np.asarray(lengths))
+        if self.config.task == "classify":
+            logits = self.classify(hidden[starts_t.long()]).float()
+            raw = torch.tensor([p.activation is False for p in params])[:, None]
+            return torch.where(raw, logits, _ACT[self.config.activation](logits)).tolist()
+        pooled = self.pool(hidden, starts_t, lengths_t)
+        norm = [self.config.normalize if p.normalize is None else p.normalize for p in params]
+        dims = [p.dimensions for p in params]
+        if len(set(norm)) == 1:
+            out = self.embed(pooled, dims, norm[0])
+            return out.tolist() if isinstance(out, torch.Tensor) else [r.tolist() for r in out]
+        # requests of one step asking for and against normalization (rare): each on its own
+        return [self.embed(pooled[i:i + 1], dims[i:i + 1], n)[0].tolist() for i, n in enumerate(norm)]
 
     def tokens(self, hidden: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
         """ALL: each request's rows [len, H] float32 (normalized where the config says)."""

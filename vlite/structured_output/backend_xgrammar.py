@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import torch
 
 from vlite.sampling_params import StructuredOutputsParams
+from vlite.utils import group_starts
+
+if TYPE_CHECKING:
+    from vlite.structured_output.manager import GrammarOutput
 
 INSTALL_HINT = "structured outputs need xgrammar: pip install 'vlite[structured]' (or pip install xgrammar)"
 
@@ -133,3 +137,30 @@ def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Opt
     else:
         index = torch.tensor(rows, device=logits.device)
         logits[index] = logits[index].masked_fill_(forbidden, float("-inf"))
+
+
+def apply_step_bitmask(logits: torch.Tensor, req_ids: list[str], num_drafts: Optional[np.ndarray],
+                       grammar_output: GrammarOutput) -> None:
+    """Structured outputs: forbid what each constrained row's grammar forbids, before the sampler
+    (whose logprobs then report the masked distribution), in one batched call. A request verifying
+    drafts has one grammar row per position (its req_id repeats), matching its logits rows."""
+    counts = np.ones(len(req_ids), dtype=np.int64) if num_drafts is None else num_drafts + 1
+    first_row = dict(zip(req_ids, group_starts(counts).tolist()))
+    seen: dict[str, int] = {}
+    pairs = []
+    for i, req_id in enumerate(grammar_output.req_ids):
+        if req_id in first_row:
+            k = seen.get(req_id, 0)
+            seen[req_id] = k + 1
+            pairs.append((first_row[req_id] + k, i))
+    if not pairs:
+        return
+    bitmask = grammar_output.bitmask
+    num_rows = logits.shape[0]
+    if len(pairs) == num_rows and all(a == b for a, b in pairs):
+        apply_grammar_bitmask(logits, bitmask, None)
+        return
+    # One bitmask row per logits row: the constrained ones in their place, the rest unused.
+    full = bitmask.new_full((num_rows, bitmask.shape[1]), -1)
+    full[[a for a, _ in pairs]] = bitmask[[b for _, b in pairs]]
+    apply_grammar_bitmask(logits, full, [a for a, _ in pairs])

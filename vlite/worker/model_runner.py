@@ -29,10 +29,16 @@ from vlite.models.registry import build_model
 from vlite.profiler import section
 from vlite.sample.rejection_sampler import rejection_sample
 from vlite.sample.sampler import Sampler, gather_logprobs
+from vlite.pooling.config import PoolerConfig
+from vlite.pooling.pooler import Pooler
+from vlite.pooling_params import PoolingParams
 from vlite.sampling_params import SamplingParams
+from vlite.layers.encoder import EncoderAttentionMetadata
+from vlite.structured_output.backend_xgrammar import apply_step_bitmask
 from vlite.utils import group_offsets, group_starts
 from vlite.worker.device_inputs import DeviceInputs
 from vlite.worker.input_batch import InputBatch
+from vlite.worker.pooling import pooled_outputs, step_token_type_ids
 
 if TYPE_CHECKING:
     from vlite.config import LoadedEngineConfig
@@ -53,6 +59,8 @@ class CachedRequestState:
     sampling_params: SamplingParams
     # Prompt positions whose logprobs were already reported (a preempted request recomputes them).
     num_prompt_logprobs_done: int = 0
+    pooling_params: Optional[PoolingParams] = None  # a pooling request: pooled when its prompt is done
+    token_type_ids: Optional[list[int]] = None  # cross-encoders' segments
 
 
 @dataclass
@@ -75,6 +83,7 @@ class StepInputs:
     # positions, the drafts verified against them after the forward.
     num_drafts: Optional[np.ndarray] = None  # [len(sample_req_ids)]
     draft_token_ids: Optional[np.ndarray] = None  # all of them, flat, requests in order
+    token_type_ids: Optional[torch.Tensor] = None  # [T] cross-encoders' segments; None: all 0
 
 
 @dataclass
@@ -83,6 +92,7 @@ class _StepState:
     rows: np.ndarray  # their batch rows
     logits: torch.Tensor  # one row per sampled request, or 1 + its drafts' rows with speculative decoding
     prompt_logprobs: dict  # req_id -> lists, computed in execute_model
+    pooler_output: dict  # req_id -> pooled output, computed in execute_model
     num_drafts: Optional[np.ndarray] = None  # [len(req_ids)] draft tokens verified per request; None: none
     draft_token_ids: Optional[np.ndarray] = None  # all of them, flat, requests in order
 
@@ -100,13 +110,13 @@ class ModelRunner:
         return cls(loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks, cfg.cache_config.block_size,
                    cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids,
                    loaded.quantization, cfg.speculative_config, device=loaded.device,
-                   enforce_eager=cfg.device_config.enforce_eager)
+                   enforce_eager=cfg.device_config.enforce_eager, pooler_config=loaded.pooler_config)
 
     def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
                  eos_token_ids: tuple[int, ...], quantization: QuantizationPlan = QuantizationPlan(None),
                  speculative_config: Optional[SpeculativeConfig] = None, device: str = "cpu",
-                 enforce_eager: bool = False) -> None:
+                 enforce_eager: bool = False, pooler_config: Optional[PoolerConfig] = None) -> None:
         self.arch = arch
         # Weights and KV caches live on `device`; per-step arrays are built on the CPU and sent in one copy.
         self.device = torch.device(device)
@@ -125,8 +135,14 @@ class ModelRunner:
         # chunked (torch_sdpa.PREFILL_DECODE_ROWS_BELOW).
         self.prefill_decode_rows_below = self.attn_backend.prefill_decode_rows_below(
             dtype, arch.head_dim, arch.attn_logit_softcapping)
+        # Encoders attend within each whole sequence of a step and keep no KV cache.
+        self.is_encoder = not arch.is_causal
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(arch.num_hidden_layers)]
+        self.kv_caches = [] if self.is_encoder else [torch.zeros(shape, dtype=dtype, device=self.device)
+                                                     for _ in range(arch.num_hidden_layers)]
+        # pooling models: hidden states -> each finished prompt's output (vlite.pooling)
+        self.pooler = (Pooler(pooler_config, getattr(self.model, "classify", None))
+                       if pooler_config is not None else None)
         max_blocks_per_req = -(-(max_model_len + 1) // block_size)
         self._input_batch_args = (max_num_reqs, max_model_len, max_blocks_per_req, arch.vocab_size,
                                   eos_token_ids, self.device)
@@ -181,15 +197,20 @@ class ModelRunner:
                 raise RuntimeError(f"injected fault: token id {self._fault_token_id} scheduled")
         with section("forward"):  # the paged_attention calls inside are timed as "attention"
             hidden = self._forward(inputs)
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sample_req_ids else None
             prompt_logprobs = self._compute_prompt_logprobs(hidden, inputs)
-        self._step = _StepState(inputs.sample_req_ids, inputs.sample_rows, logits, prompt_logprobs,
+            pooled = (pooled_outputs(self.pooler, hidden, inputs, scheduler_output, self.requests)
+                      if self.pooler is not None else {})
+        self._step = _StepState(inputs.sample_req_ids, inputs.sample_rows, logits, prompt_logprobs, pooled,
                                 inputs.num_drafts, inputs.draft_token_ids)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model's hidden states for the step: a CUDA-graph replay for all-decode steps, else eager."""
         graphs = self.cuda_graphs
         size = graphs.padded_size(len(inputs.rows), int(inputs.query_start_loc[-1])) if graphs else None
+        if inputs.token_type_ids is not None:
+            return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata,
+                              token_type_ids=inputs.token_type_ids)
         if size is None:
             return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
         md = inputs.attn_metadata
@@ -205,7 +226,8 @@ class ModelRunner:
         for new in so.scheduled_new_reqs:
             state = self.requests.get(new.req_id)
             if state is None:
-                state = CachedRequestState(new.req_id, new.prompt_token_ids, new.sampling_params)
+                state = CachedRequestState(new.req_id, new.prompt_token_ids, new.sampling_params,
+                                           pooling_params=new.pooling_params, token_type_ids=new.token_type_ids)
                 self.requests[new.req_id] = state
             batch.add_request(new.req_id, new.prompt_token_ids + new.output_token_ids, len(new.prompt_token_ids),
                               new.num_computed_tokens, new.block_ids, state.sampling_params)
@@ -274,14 +296,20 @@ class ModelRunner:
                                    seq_lens=seq_lens, block_table=batch.block_table[rows, :table_width],
                                    slot_mapping=slot_mapping,
                                    logits_indices=logits_indices))
-        attn_metadata = self.attn_backend.build_metadata(
-            dev["query_start_loc"], dev["seq_lens"], dev["block_table"], dev["slot_mapping"], self.block_size,
-            self.attention_windows, max_query_len=int(num_scheduled.max()),
-            max_decode_query_len=max_decode_query_len, decode_rows_below=self.prefill_decode_rows_below,
-            precise_rows=precise_rows)
-        return StepInputs(req_ids, rows, num_scheduled, query_start_loc, dev["input_ids"], dev["positions"],
-                          attn_metadata, dev["logits_indices"], sample_req_ids, rows[sample_mask], num_drafts,
-                          draft_token_ids)
+        if self.is_encoder:  # whole sequences, bidirectional, no KV cache
+            attn_metadata = EncoderAttentionMetadata(query_start_loc, int(num_scheduled.max()))
+        else:
+            attn_metadata = self.attn_backend.build_metadata(
+                dev["query_start_loc"], dev["seq_lens"], dev["block_table"], dev["slot_mapping"], self.block_size,
+                self.attention_windows, max_query_len=int(num_scheduled.max()),
+                max_decode_query_len=max_decode_query_len, decode_rows_below=self.prefill_decode_rows_below,
+                precise_rows=precise_rows)
+        inputs = StepInputs(req_ids, rows, num_scheduled, query_start_loc, dev["input_ids"], dev["positions"],
+                            attn_metadata, dev["logits_indices"], sample_req_ids, rows[sample_mask], num_drafts,
+                            draft_token_ids)
+        if self.pooler is not None:
+            inputs.token_type_ids = step_token_type_ids(inputs, num_computed, self.requests, self.device)
+        return inputs
 
     def _compute_prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict:
         """Logprobs of each prompt token given the tokens before it, for requests that ask.
@@ -318,7 +346,8 @@ class ModelRunner:
         step = self._step
         if step is None or not step.req_ids:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[],
-                                     prompt_logprobs=step.prompt_logprobs if step is not None else {})
+                                     prompt_logprobs=step.prompt_logprobs if step is not None else {},
+                                     pooler_output=step.pooler_output if step is not None else {})
         if self.tp is not None and not self.tp.is_driver:
             return self._take_driver_tokens(step)
         batch = self.input_batch
@@ -327,7 +356,7 @@ class ModelRunner:
             metadata = batch.make_sampling_metadata(rows)
             if grammar_output is not None:
                 with section("grammar_mask"):
-                    self._apply_grammar_bitmask(step, grammar_output)
+                    apply_step_bitmask(step.logits, step.req_ids, step.num_drafts, grammar_output)
             out = self.sampler(step.logits, metadata)
             counts = np.ones(len(rows), dtype=np.int64)
             token_lists = [[t] for t in out.sampled_token_ids.tolist()]
@@ -340,7 +369,7 @@ class ModelRunner:
             metadata = batch.make_sampling_metadata(np.repeat(rows, counts), offsets)
             if grammar_output is not None:
                 with section("grammar_mask"):
-                    self._apply_grammar_bitmask(step, grammar_output)
+                    apply_step_bitmask(step.logits, step.req_ids, step.num_drafts, grammar_output)
             assert step.draft_token_ids is not None
             verified = rejection_sample(step.logits, metadata, step.num_drafts, step.draft_token_ids)
             token_lists = verified.output_token_ids
@@ -357,7 +386,7 @@ class ModelRunner:
         self._append_tokens(rows, counts, tokens)
 
         result = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=token_lists,
-                                   prompt_logprobs=step.prompt_logprobs)
+                                   prompt_logprobs=step.prompt_logprobs, pooler_output=step.pooler_output)
         if lt is not None:
             ids, lps, ranks = lt.token_ids.tolist(), lt.logprobs.tolist(), lt.ranks.tolist()
             num_logprobs = batch.num_logprobs[rows]
@@ -398,31 +427,3 @@ class ModelRunner:
         within = group_offsets(counts)
         batch.token_ids[token_rows, batch.num_tokens[token_rows] + within] = tokens
         batch.num_tokens[rows] += counts
-
-    @staticmethod
-    def _apply_grammar_bitmask(step: _StepState, grammar_output: GrammarOutput) -> None:
-        """Structured outputs: forbid what each constrained row's grammar forbids, before the sampler
-        (whose logprobs then report the masked distribution), in one batched call. A request verifying
-        drafts has one grammar row per position (its req_id repeats), matching its logits rows."""
-        from vlite.structured_output.backend_xgrammar import apply_grammar_bitmask
-
-        counts = np.ones(len(step.req_ids), dtype=np.int64) if step.num_drafts is None else step.num_drafts + 1
-        first_row = dict(zip(step.req_ids, group_starts(counts).tolist()))
-        seen: dict[str, int] = {}
-        pairs = []
-        for i, req_id in enumerate(grammar_output.req_ids):
-            if req_id in first_row:
-                k = seen.get(req_id, 0)
-                seen[req_id] = k + 1
-                pairs.append((first_row[req_id] + k, i))
-        if not pairs:
-            return
-        bitmask = grammar_output.bitmask
-        num_rows = step.logits.shape[0]
-        if len(pairs) == num_rows and all(a == b for a, b in pairs):
-            apply_grammar_bitmask(step.logits, bitmask, None)
-            return
-        # One bitmask row per logits row: the constrained ones in their place, the rest unused.
-        full = bitmask.new_full((num_rows, bitmask.shape[1]), -1)
-        full[[a for a, _ in pairs]] = bitmask[[b for _, b in pairs]]
-        apply_grammar_bitmask(step.logits, full, [a for a, _ in pairs])
