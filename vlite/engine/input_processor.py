@@ -127,8 +127,14 @@ class InputProcessor:
                 token_ids = list(self.tokenizer(text, truncation=True, max_length=limit)["input_ids"])
             else:
                 prompt_text, token_ids = self.tokenize_prompt(prompt)
+                if isinstance(prompt, dict) and prompt.get("token_type_ids") is not None:  # vLLM's TokensPrompt
+                    token_type_ids = list(prompt["token_type_ids"])
+                    if len(token_type_ids) != len(token_ids) or not all(t in (0, 1) for t in token_type_ids):
+                        raise ValueError(f"token_type_ids must hold a 0 or 1 for each of the {len(token_ids)} "
+                                         f"prompt tokens")
                 if limit is not None:
                     token_ids = token_ids[-limit:]
+                    token_type_ids = token_type_ids[-limit:] if token_type_ids is not None else None
         self._validate(token_ids, None)
         if self.max_prompt_tokens is not None and len(token_ids) > self.max_prompt_tokens:
             raise ValueError(f"prompt is {len(token_ids)} tokens long, more than max_num_batched_tokens "
