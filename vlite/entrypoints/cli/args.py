@@ -18,7 +18,7 @@ import re
 from dataclasses import fields
 from typing import Any, Callable, Optional, TypeVar
 
-from vlite.config import QUANTIZATION_CHOICES
+from vlite.config import CONVERTS, QUANTIZATION_CHOICES, RUNNERS
 from vlite.engine.arg_utils import EngineArgs
 from vlite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -117,6 +117,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "of 32; LM head int8) for every step, or none (dense --dtype weights). Default: "
                             "automatic: a Q4_1 GGUF model in bfloat16 keeps its own 4-bit weights for steps of "
                             "at most 16 tokens (memory-bound decoding) and dense weights above; else dense")
+    group.add_argument("--runner", default=d.runner, choices=RUNNERS,
+                       help="generate: sample text; pooling: embeddings and scores (/v1/embeddings, /score, "
+                            "/rerank); auto: pooling for encoder models (BERT, RoBERTa), else generate "
+                            "(default: %(default)s)")
+    group.add_argument("--convert", default=d.convert, choices=CONVERTS,
+                       help="with --runner pooling, what a decoder model becomes: embed (last-token pooling, "
+                            "normalized, or its sentence-transformers pipeline) (default: %(default)s)")
     group.add_argument("--max-model-len", type=positive_int, default=d.max_model_len, metavar="N",
                        help="most tokens (prompt + output) of one request; default: the model's limit, capped by "
                             "the KV cache")
