@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlite.pooling.config import DenseLayer, PoolerConfig, PoolingType
+from vlite.utils import group_offsets
 
 __all__ = ["Pooler", "segment_rows"]
 
@@ -32,11 +32,9 @@ _ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 def segment_rows(starts: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, segment ids): every row of the segments, in order, and the segment each belongs to."""
-    lengths = lengths.long()
-    seg = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-    first = torch.cumsum(lengths, 0) - lengths  # each segment's first place among the gathered rows
-    rows = starts.long()[seg] + torch.arange(seg.numel()) - first[seg]
-    return rows, seg
+    lengths_np = lengths.long().numpy()
+    seg = np.repeat(np.arange(lengths_np.size), lengths_np)
+    return torch.from_numpy(starts.long().numpy()[seg] + group_offsets(lengths_np)), torch.from_numpy(seg)
 
 
 def _load_dense(layer: DenseLayer) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
