@@ -17,6 +17,7 @@ results as a dict, so tests and scripts can call it without the command line.
     serve         online: streamed requests against a running `vlite serve` at a request rate; TTFT, TPOT,
                   ITL, E2E percentiles and throughput (vllm bench serve's report)
     startup       fresh processes: import, LLM(model), first token and peak RSS, first time and cached
+    embed         a pooling model: sentences/s of LLM.embed beside SentenceTransformer.encode
 """
 
 from __future__ import annotations
@@ -29,4 +30,5 @@ BENCHMARKS: dict[str, str] = {
     "scheduler": "vlite.benchmarks.scheduler",
     "serve": "vlite.benchmarks.serve.command",
     "startup": "vlite.benchmarks.startup",
+    "embed": "vlite.benchmarks.embed",
 }
