@@ -96,7 +96,8 @@ class Request:
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
-        self.max_tokens = self.sampling_params.max_tokens
+        # A pooling request ends once its prompt is computed: no token (its sampling_params stay valid ones).
+        self.max_tokens = 0 if self.pooling_params is not None else self.sampling_params.max_tokens
         if self.sampling_params.structured_outputs is not None:
             self.status = RequestStatus.WAITING_FOR_FSM
 

@@ -21,7 +21,8 @@ from vlite.engine.output_processor import IterationStats, OutputProcessor
 from vlite.engine.parallel_sampling import ParentRequest
 from vlite.executor.start_method import exit_if_bootstrapping
 from vlite.model_loader import load_tokenizer, resolve_model
-from vlite.outputs import RequestOutput
+from vlite.outputs import PoolingRequestOutput, RequestOutput
+from vlite.pooling_params import PoolingParams
 from vlite.sampling_params import SamplingParams
 
 logger = logging.getLogger("vlite")
@@ -53,6 +54,8 @@ class AsyncLLM:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.input_processor: Optional[InputProcessor] = None
         self.max_model_len = 0
+        self.runner = "generate"  # or "pooling" (embeddings, scores): as the engine core loaded the model
+        self.pooler_config: Any = None  # a pooling model's vlite.pooling.config.PoolerConfig
         self.latest_stats: Optional[SchedulerStats] = None
         self._queues: dict[str, asyncio.Queue] = {}
         self._children: dict[str, list[str]] = {}
@@ -81,6 +84,11 @@ class AsyncLLM:
         self.num_kv_blocks = ready.num_kv_blocks
         self.input_processor = InputProcessor(self.tokenizer, ready.max_model_len, ready.vocab_size,
                                               ready.kv_capacity_tokens, self.eos_token_ids)
+        # Pooling requests are checked here as LLMEngine checks them (the PoolerConfig needs no torch).
+        self.runner, self.pooler_config = ready.runner, ready.pooler_config
+        self.input_processor.pooler_config = ready.pooler_config
+        self.input_processor.hidden_size = ready.hidden_size
+        self.input_processor.max_prompt_tokens = ready.max_prompt_tokens
         self._output_task = asyncio.create_task(self._output_handler(), name="vlite-output-handler")
 
     @property
@@ -101,6 +109,28 @@ class AsyncLLM:
         """Validate and tokenize (raises ValueError naming the field) without starting anything."""
         assert self.input_processor is not None, "AsyncLLM.start() was not awaited"
         return self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
+
+    def process_pooling_inputs(self, request_id: str, prompt: PromptType, params: PoolingParams,
+                               priority: int = 0) -> tuple[Optional[str], EngineCoreRequest]:
+        """A pooling request validated and tokenized (raises ValueError naming the field), not started."""
+        assert self.input_processor is not None, "AsyncLLM.start() was not awaited"
+        return self.input_processor.process_pooling_inputs(request_id, prompt, params, priority=priority)
+
+    async def encode(self, prompt: PromptType | tuple[Optional[str], EngineCoreRequest],
+                     pooling_params: Optional[PoolingParams] = None, request_id: str = "",
+                     priority: int = 0) -> PoolingRequestOutput:
+        """A pooling request's output (vLLM's AsyncLLM.encode, awaited to its one final output): `prompt` as
+        for process_pooling_inputs, or what it returned. Cancelled, it aborts the request."""
+        if not isinstance(prompt, tuple):
+            prompt = self.process_pooling_inputs(request_id, prompt, pooling_params or PoolingParams(), priority)
+        if prompt[1].pooling_params is None:
+            raise ValueError("encode needs a pooling request (PoolingParams); generate runs the others")
+        final: Any = None
+        async for out in self.generate(prompt):
+            final = out
+        if not isinstance(final, PoolingRequestOutput):  # ended without its pooled output
+            raise EngineGenerateError(f"request {prompt[1].request_id} ended without a pooled output")
+        return final
 
     async def generate(self, prompt: PromptType | tuple[Optional[str], EngineCoreRequest],
                        sampling_params: Optional[SamplingParams] = None, request_id: str = "",
@@ -222,10 +252,6 @@ class AsyncLLM:
         self.client.fail_pending_utility(dead)
 
     # ---- utilities -----------------------------------------------------------------------------
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text` as a prompt would be tokenized (runs in this, the API, process)."""
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

@@ -15,6 +15,7 @@ import msgspec
 from vlite.core.sched.output import EngineCoreOutput
 from vlite.core.sched.stats import SchedulerStats
 from vlite.engine.input_processor import EngineCoreRequest
+from vlite.pooling.config import PoolerConfig
 
 
 class EngineCoreRequestType(bytes, enum.Enum):
@@ -42,6 +43,13 @@ class EngineReady:
     eos_token_ids: list[int]
     model_name: str
     pid: int
+    # What the API process checks pooling requests against (no torch there): the runner ("generate" or
+    # "pooling"), a pooling model's pipeline and hidden size, and the longest prompt a step takes where a
+    # prompt runs in one step (encoders; None where prompts are chunked).
+    runner: str = "generate"
+    pooler_config: Optional[PoolerConfig] = None
+    hidden_size: int = 0
+    max_prompt_tokens: Optional[int] = None
 
 
 @dataclass

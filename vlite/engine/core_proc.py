@@ -45,10 +45,14 @@ class EngineCoreProc:
         self.input_socket.connect(input_addr)
         self.parent_pid = os.getppid()
         self.running = True
+        sched = loaded.config.scheduler_config
         self._send(EngineCoreOutputs(ready=EngineReady(
-            max_model_len=loaded.config.scheduler_config.max_model_len, vocab_size=loaded.arch.vocab_size,
+            max_model_len=sched.max_model_len, vocab_size=loaded.arch.vocab_size,
             kv_capacity_tokens=loaded.kv_capacity_tokens, num_kv_blocks=loaded.num_kv_blocks,
-            eos_token_ids=list(loaded.eos_token_ids), model_name=loaded.resolved.name, pid=os.getpid())))
+            eos_token_ids=list(loaded.eos_token_ids), model_name=loaded.resolved.name, pid=os.getpid(),
+            runner="generate" if loaded.pooler_config is None else "pooling", pooler_config=loaded.pooler_config,
+            hidden_size=loaded.arch.hidden_size, max_prompt_tokens=None if sched.enable_chunked_prefill
+            else sched.max_num_batched_tokens)))
 
     def _send(self, msg: EngineCoreOutputs) -> None:
         self.output_socket.send(encode(msg), copy=False)

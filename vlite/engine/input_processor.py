@@ -139,8 +139,9 @@ class InputProcessor:
         if self.max_prompt_tokens is not None and len(token_ids) > self.max_prompt_tokens:
             raise ValueError(f"prompt is {len(token_ids)} tokens long, more than max_num_batched_tokens "
                              f"({self.max_prompt_tokens}): this model computes a prompt in one step")
-        sampling = SamplingParams(detokenize=False)
-        sampling.max_tokens = 0  # set past the user-facing check: a pooling request samples nothing
+        # A pooling request samples nothing (its Request takes max_tokens 0 from its pooling_params); these
+        # parameters stay valid ones, as the engine-core process checks them again when it decodes the request.
+        sampling = SamplingParams(max_tokens=1, detokenize=False)
         return prompt_text, EngineCoreRequest(request_id, token_ids, sampling, self.eos_token_ids,
                                               arrival_time or time.time(), priority, params, token_type_ids)
 

@@ -51,15 +51,36 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
     where the file has none, its family's: Gemma 3) so chat requests keep working.
     """
     if resolved.gguf_file is None:
-        from transformers import AutoTokenizer
-
         with _quiet_transformers():
-            return AutoTokenizer.from_pretrained(str(resolved.path))
+            return _folder_tokenizer_class(resolved.path).from_pretrained(str(resolved.path))
     from vlite.model_loader.cache import cached_gguf_tokenizer
 
     gguf_file = resolved.gguf_file
     with _quiet_transformers():
         return cached_gguf_tokenizer(gguf_file, lambda folder: write_gguf_tokenizer(gguf_file, folder))
+
+
+def _folder_tokenizer_class(folder: Path) -> Any:
+    """The class tokenizer_config.json names (its fast variant first, as AutoTokenizer picks), else AutoTokenizer.
+    AutoTokenizer's module imports transformers' model configurations and with them torch, which the API
+    server's process never loads."""
+    import transformers
+
+    try:
+        name = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if isinstance(name, str) and name:
+        for candidate in (name if name.endswith("Fast") else name + "Fast", name):
+            try:
+                cls = getattr(transformers, candidate, None)
+            except Exception:  # a lazily imported class whose backend is missing
+                cls = None
+            if isinstance(cls, type) and hasattr(cls, "from_pretrained"):
+                return cls
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
 
 
 _patch_lock = threading.Lock()

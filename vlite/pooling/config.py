@@ -84,7 +84,7 @@ class PoolerConfig:
             return
         full = self.output_size or hidden_size
         if not self.is_matryoshka:
-            raise ValueError("this model does not support matryoshka representation; dimensions must be unset")
+            raise ValueError("dimensions must be unset: this model does not support matryoshka representation")
         if self.matryoshka_dimensions and dimensions not in self.matryoshka_dimensions:
             raise ValueError(f"dimensions {dimensions} is not one of the model's {self.matryoshka_dimensions}")
         if not 1 <= dimensions <= full:

@@ -14,8 +14,7 @@ from vlite.sampling_params import SamplingParams
 
 
 def _pooling_request(rid: str, n: int, arrival: float) -> Request:
-    params = SamplingParams(detokenize=False)
-    params.max_tokens = 0
+    params = SamplingParams(detokenize=False)  # the Request takes max_tokens 0 from its pooling_params
     return Request(rid, list(range(5, 5 + n)), params, arrival_time=arrival, pooling_params=PoolingParams(task="embed"))
 
 

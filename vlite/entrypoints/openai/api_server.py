@@ -2,7 +2,8 @@
 
 The API process handles HTTP, tokenization and detokenization; the engine core runs in a child
 process. Routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /metrics,
-/tokenize, /detokenize.
+/tokenize, /detokenize; a pooling model's /v1/embeddings, /pooling, /score, /rerank (serving_embedding.py,
+serving_score.py).
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.async_llm import AsyncLLM, EngineGenerateError
 from vlite.engine.core_client import EngineDeadError
 from vlite.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                               EmbeddingRequest, PoolingRequest, RerankRequest, ScoreRequest,
                                                TokenizeRequest)
 from vlite.entrypoints.openai.middleware import AdmissionCount, BodyLimit, error_response
 from vlite.entrypoints.openai.serving_chat import OpenAIServingChat
 from vlite.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vlite.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from vlite.entrypoints.openai.serving_engine import OpenAIError, new_tokenizer_pool
+from vlite.entrypoints.openai.serving_score import OpenAIServingScore
 
 logger = logging.getLogger("vlite")
 
@@ -76,6 +80,8 @@ class EngineHolder:
         self.engine: Optional[AsyncLLM] = None
         self.completion: Optional[OpenAIServingCompletion] = None
         self.chat: Optional[OpenAIServingChat] = None
+        self.embedding: Optional[OpenAIServingEmbedding] = None  # the pooling routes
+        self.score: Optional[OpenAIServingScore] = None
         self.served_model_names = served_model_names or []
         self.load_error: Optional[str] = None
         if engine is not None:
@@ -83,11 +89,13 @@ class EngineHolder:
 
     def set(self, engine: AsyncLLM, log_prompts: bool = False, trust_request_chat_template: bool = False,
             tool_call_parser: Optional[str] = None, enable_auto_tool_choice: bool = False) -> None:
-        pool = new_tokenizer_pool()  # one tokenizer thread for both handlers
+        pool = new_tokenizer_pool()  # one tokenizer thread for all handlers
         self.engine = engine
         self.completion = OpenAIServingCompletion(engine, self.served_model_names, log_prompts, pool)
         self.chat = OpenAIServingChat(engine, self.served_model_names, log_prompts, trust_request_chat_template,
                                       tool_call_parser, enable_auto_tool_choice, pool)
+        self.embedding = OpenAIServingEmbedding(engine, self.served_model_names, log_prompts, pool)
+        self.score = OpenAIServingScore(engine, self.served_model_names, log_prompts, pool)
 
     @property
     def is_ready(self) -> bool:
@@ -225,12 +233,38 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         _, completion, _ = admit(request)
+        completion.check_runner("generate")
         return await _respond(request, body.stream, await completion.create_completion(body))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         _, _, chat = admit(request)
+        chat.check_runner("generate")
         return await _respond(request, body.stream, await chat.create_chat_completion(body))
+
+    def pooling(request: Request) -> tuple[OpenAIServingEmbedding, OpenAIServingScore]:
+        admit(request)
+        assert holder.embedding is not None and holder.score is not None  # set with the engine
+        return holder.embedding, holder.score
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
+        return await _respond(request, False, pooling(request)[0].create_embedding(body))
+
+    @app.post("/pooling")
+    async def pool(body: PoolingRequest, request: Request) -> Any:
+        return await _respond(request, False, pooling(request)[0].create_pooling(body))
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def score(body: ScoreRequest, request: Request) -> Any:
+        return await _respond(request, False, pooling(request)[1].create_score(body))
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def rerank(body: RerankRequest, request: Request) -> Any:
+        return await _respond(request, False, pooling(request)[1].create_rerank(body))
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:

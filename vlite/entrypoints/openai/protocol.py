@@ -264,6 +264,78 @@ class DetokenizeRequest(OpenAIBaseModel):
     tokens: list[int]
 
 
+# ---- pooling routes: OpenAI's /v1/embeddings, vLLM's /pooling, /score and /rerank --------------------------
+
+MAX_POOLING_INPUTS = 2048  # OpenAI's limit on an embeddings request's inputs; /score and /rerank's texts too
+
+
+def _check_texts(v: Any, field_name: str) -> Any:
+    if isinstance(v, list) and len(v) > MAX_POOLING_INPUTS:
+        raise ValueError(f"at most {MAX_POOLING_INPUTS} inputs are allowed, got {len(v)}")
+    return _no_lone_surrogates(v, field_name)
+
+
+class _PoolingFields(OpenAIBaseModel):
+    model: Optional[str] = None
+    truncate_prompt_tokens: Optional[int] = None  # -1: as many as the model takes
+    priority: Int64 = 0
+
+
+class EmbeddingRequest(_PoolingFields):
+    """OpenAI's request (`user` ignored) with vLLM's extras: truncate_prompt_tokens, normalize."""
+
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = None
+    user: Optional[str] = None
+    normalize: Optional[bool] = None
+
+    @field_validator("input")
+    @classmethod
+    def _check_input(cls, v: Any) -> Any:
+        return _check_texts(v, "input")
+
+
+class PoolingRequest(EmbeddingRequest):
+    """vLLM's /pooling: the model's own pooled output of each input (an embedding, a classifier's scores)."""
+
+    activation: Optional[bool] = None
+
+
+class ScoreRequest(_PoolingFields):
+    """vLLM's /score: text_1 against each text_2 (1:N), or pairwise (N:N)."""
+
+    text_1: Union[str, list[str]]
+    text_2: Union[str, list[str]]
+    activation: Optional[bool] = None
+
+    @field_validator("text_1", "text_2")
+    @classmethod
+    def _check_text(cls, v: Any, info: Any) -> Any:
+        return _check_texts(v, info.field_name)
+
+
+class RerankDocument(OpenAIBaseModel):
+    text: str
+
+
+class RerankRequest(_PoolingFields):
+    """vLLM's /rerank (Jina's and Cohere's shape): the documents by relevance to the query."""
+
+    query: str
+    documents: list[Union[str, RerankDocument]]
+    top_n: int = Field(default=0, ge=0)  # 0: all of them
+    return_documents: bool = True
+    activation: Optional[bool] = None
+
+    @field_validator("query", "documents")
+    @classmethod
+    def _check_text(cls, v: Any, info: Any) -> Any:
+        _check_texts([d.text if isinstance(d, RerankDocument) else d for d in v] if isinstance(v, list) else v,
+                     info.field_name)
+        return v
+
+
 class ErrorInfo(OpenAIBaseModel):
     message: str
     type: str

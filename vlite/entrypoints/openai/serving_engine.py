@@ -113,6 +113,16 @@ class OpenAIServing:
             return self.served_model_names[0]
         raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
 
+    def check_runner(self, runner: str) -> None:
+        """A 400 naming the model's runner where a route needs the other one (generation vs pooling)."""
+        if self.engine.runner == runner:
+            return
+        if runner == "pooling":
+            raise OpenAIError("embeddings and scores need a pooling model; this model runs with runner='generate' "
+                              "(/v1/completions, /v1/chat/completions)", 400, "model")
+        raise OpenAIError("this model runs with runner='pooling' (embeddings and scores: /v1/embeddings, /pooling, "
+                          "/score, /rerank): it does not generate text", 400, "model")
+
     def _prepare(self, prompt_text: Optional[str], token_ids: list[int], request: Any, request_id: str,
                  max_tokens: Optional[int], field_name: str, echo: bool = False) -> Prepared:
         if request.truncate_prompt_tokens is not None:
