@@ -132,8 +132,30 @@ def build(isa: str) -> Any:
     name = _build_name(isa, flags)
     logger.info("loading vlite's %s CPU kernels (compiled on first use, ~40 s, then cached)", isa)
     with _build_guard(name):
-        return load_extension(name=name, sources=[str(_CSRC / u) for u in _UNITS], extra_cflags=flags,
-                              extra_ldflags=["-fopenmp"], extra_include_paths=[str(_CSRC)], verbose=False)
+        src = _stable_sources(name)
+        return load_extension(name=name, sources=[str(src / u) for u in _UNITS], extra_cflags=flags,
+                              extra_ldflags=["-fopenmp"], extra_include_paths=[str(src)], verbose=False)
+
+
+def _stable_sources(name: str) -> Path:
+    """The sources, copied into the build folder of `name` (which their contents name): every checkout of the
+    same sources compiles the same paths, so ninja finds the cached build up to date instead of rebuilding it
+    for each new clone or worktree (~30 s an ISA). Falls back to the package's own folder."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = Path(_get_build_directory(name, verbose=False)) / "src"
+        folder.mkdir(parents=True, exist_ok=True)
+        for file in _SOURCES:
+            target = folder / file
+            data = (_CSRC / file).read_bytes()
+            if not target.is_file() or target.read_bytes() != data:
+                tmp = target.with_suffix(target.suffix + ".tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, target)  # never a half-written source for a concurrent build to read
+        return folder
+    except Exception:  # a private torch helper gone, an unwritable cache: compile in place
+        return _CSRC
 
 
 def load(isa: Optional[str] = None) -> Optional[Any]:

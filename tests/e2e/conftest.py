@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import GGUF_NAME
 from tests.e2e.prompts import corpus_ids, prompts_of_lengths
-from tests.e2e.reference import hf_greedy_batch
+from tests.e2e.reference import cached_references, hf_greedy_batch
 
 LENGTHS = [1, 3, 12, 45, 130, 260, 420, 600]
 MAX_NEW = 64
@@ -18,8 +19,10 @@ def prompts(hf_tokenizer):
 
 
 @pytest.fixture(scope="session")
-def references(hf_model, prompts):
-    return hf_greedy_batch(hf_model, prompts, MAX_NEW)
+def references(request, model_dir, prompts):
+    """transformers' greedy tokens and logprobs (kept on disk between runs: tests.e2e.reference.cached_references)."""
+    return cached_references(lambda: hf_greedy_batch(request.getfixturevalue("hf_model"), prompts, MAX_NEW),
+                             model_dir / GGUF_NAME, prompts, MAX_NEW)
 
 
 @pytest.fixture(scope="session")
@@ -33,5 +36,6 @@ def shared_prefix_prompts(hf_tokenizer):
 
 
 @pytest.fixture(scope="session")
-def shared_prefix_references(hf_model, shared_prefix_prompts):
-    return hf_greedy_batch(hf_model, shared_prefix_prompts, 32)
+def shared_prefix_references(request, model_dir, shared_prefix_prompts):
+    return cached_references(lambda: hf_greedy_batch(request.getfixturevalue("hf_model"), shared_prefix_prompts, 32),
+                             model_dir / GGUF_NAME, shared_prefix_prompts, 32)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -113,3 +117,34 @@ def compare_runs(a, b) -> int:
             return i
     assert len(a.token_ids) == len(b.token_ids)
     return len(a.token_ids)
+
+
+def cached_references(compute: Callable[[], list[Reference]], model_file: Path, prompts: list[list[int]],
+                      max_new_tokens: int) -> list[Reference]:
+    """`compute()`'s references, kept on disk between test runs (VLITE_CACHE_DIR, else ~/.cache/vlite): a suite
+    run spent ~30 s recomputing the same transformers outputs. The key holds everything they depend on: the model
+    file's bytes, the prompts, the token count, this module's code and the transformers and torch versions; any
+    change computes them again. VLITE_TEST_REFERENCE_CACHE=0 always computes."""
+    if os.environ.get("VLITE_TEST_REFERENCE_CACHE", "1") == "0":
+        return compute()
+    import transformers
+
+    h = hashlib.sha256()
+    with open(model_file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    h.update(repr((prompts, max_new_tokens, transformers.__version__, torch.__version__)).encode())
+    h.update(Path(__file__).read_bytes())
+    root = Path(os.environ.get("VLITE_CACHE_DIR") or Path.home() / ".cache" / "vlite") / "test-references"
+    path = root / f"{h.hexdigest()[:24]}.pt"
+    if path.is_file():
+        try:
+            return [Reference(t, lp) for t, lp in torch.load(path, weights_only=True)]
+        except Exception:  # a damaged file: compute again
+            pass
+    refs = compute()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save([(r.token_ids, r.logprobs) for r in refs], tmp)
+    os.replace(tmp, path)  # whole or absent for a concurrent run
+    return refs
