@@ -132,9 +132,46 @@ def build(isa: str) -> Any:
     name = _build_name(isa, flags)
     logger.info("loading vlite's %s CPU kernels (compiled on first use, ~40 s, then cached)", isa)
     with _build_guard(name):
+        module = _load_built(name)
+        if module is not None:
+            return module
         src = _stable_sources(name)
-        return load_extension(name=name, sources=[str(src / u) for u in _UNITS], extra_cflags=flags,
-                              extra_ldflags=["-fopenmp"], extra_include_paths=[str(src)], verbose=False)
+        module = load_extension(name=name, sources=[str(src / u) for u in _UNITS], extra_cflags=flags,
+                                extra_ldflags=["-fopenmp"], extra_include_paths=[str(src)], verbose=False)
+        _mark_built(name)
+        return module
+
+
+def _built_marker(name: str) -> tuple[Path, Path]:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    folder = Path(_get_build_directory(name, verbose=False))
+    return folder / f"{name}.so", folder / "vlite.built"
+
+
+def _mark_built(name: str) -> None:
+    """Record that `name`'s module was built whole (its size), for `_load_built`."""
+    try:
+        library, marker = _built_marker(name)
+        marker.write_text(str(library.stat().st_size))
+    except Exception:
+        pass
+
+
+def _load_built(name: str) -> Optional[Any]:
+    """The module `name` names, imported straight from its build folder where a build of it completed: its name
+    holds the sources' contents, the flags and torch's version, so it is that build, whatever checkout, virtual
+    environment or torch install path asks (torch's `load` reruns ninja, whose command lines hold those paths, and
+    rebuilt it for each new environment: ~30 s an ISA). None: build it."""
+    try:
+        from torch.utils.cpp_extension import _import_module_from_library
+
+        library, marker = _built_marker(name)
+        if not marker.is_file() or marker.read_text().strip() != str(library.stat().st_size):
+            return None
+        return _import_module_from_library(name, str(library.parent), True)
+    except Exception:  # a damaged build, a private torch helper gone: build it
+        return None
 
 
 def _stable_sources(name: str) -> Path:

@@ -35,7 +35,8 @@ def sentences(n: int, min_words: int, max_words: int, seed: int = 0) -> list[str
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("benchmark options")
-    group.add_argument("--model", required=True, help="a pooling model: a sentence-transformers folder or .zip")
+    group.add_argument("--model", default=None, help="a pooling model: a sentence-transformers folder or .zip "
+                                                     "(required)")
     group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                        help="vlite's dtype (default: %(default)s)")
     group.add_argument("--num-sentences", type=positive_int, default=512, metavar="N", help="(default: %(default)s)")
@@ -82,6 +83,8 @@ def run_embed(model: str, texts: list[str], dtype: str = "auto", max_num_batched
 
 
 def main(ns: argparse.Namespace) -> int:
+    if ns.model is None:
+        raise ValueError("vlite bench embed needs --model: a pooling model (a sentence-transformers folder or .zip)")
     texts = sentences(ns.num_sentences, ns.min_words, ns.max_words)
     r = run_embed(ns.model, texts, ns.dtype, ns.max_num_batched_tokens, ns.threads, not ns.no_reference)
     print(f"embed: {r['sentences']} sentences, {r['tokens']} tokens, {r['threads']} threads, vlite {r['dtype']}")

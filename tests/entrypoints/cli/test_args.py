@@ -73,14 +73,16 @@ def test_engine_args_from_cli_maps_every_flag():
                "--max-num-partial-prefills", "3", "--chat-template", "{{ messages }}", "--quantization", "int4",
                "--device", "cuda", "--enforce-eager", "--gpu-memory-utilization", "0.5", "--threads", "5",
                "-tp", "2", "--data-parallel-size", "3", "--distributed-executor-backend", "ray",
-               "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')
+               "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}', "--runner", "pooling",
+               "--convert", "embed")
     expected = EngineArgs(model="/models/m.gguf", dtype="bfloat16", max_model_len=1000, max_num_seqs=7,
                           max_num_batched_tokens=333, block_size=32, kv_cache_memory_bytes=64 * 2**20, seed=42,
                           enable_prefix_caching=False, scheduling_policy="priority", long_prefill_token_threshold=128,
                           max_num_partial_prefills=3, chat_template="{{ messages }}", quantization="int4",
                           device="cuda", enforce_eager=True, gpu_memory_utilization=0.5, num_threads=5,
                           tensor_parallel_size=2, data_parallel_size=3, distributed_executor_backend="ray",
-                          speculative_config='{"method": "ngram", "num_speculative_tokens": 2}')
+                          speculative_config='{"method": "ngram", "num_speculative_tokens": 2}', runner="pooling",
+                          convert="embed")
     got = engine_args_from_cli(ns)
     assert got == expected
     # Every EngineArgs field differs from its default here, so each one really came from a flag.
