@@ -56,7 +56,3 @@ class PoolingParams:
             raise ValueError(f"dimensions applies to embeddings only, not to task {task!r}")
         pooler_config.check_dimensions(self.dimensions, hidden_size)
         return replace(self, task=task)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("dimensions", "normalize", "activation", "truncate_prompt_tokens",
-                                              "task")}
