@@ -16,6 +16,11 @@ _EXPORTS = {
     "CompletionOutput": "vlite.outputs",
     "Logprob": "vlite.outputs",
     "RequestOutput": "vlite.outputs",
+    "PoolingRequestOutput": "vlite.outputs",
+    "EmbeddingRequestOutput": "vlite.outputs",
+    "ClassificationRequestOutput": "vlite.outputs",
+    "ScoringRequestOutput": "vlite.outputs",
+    "PoolingParams": "vlite.pooling_params",
     "RequestOutputKind": "vlite.sampling_params",
     "SamplingParams": "vlite.sampling_params",
     "StructuredOutputsParams": "vlite.sampling_params",
@@ -27,7 +32,9 @@ if TYPE_CHECKING:
     from vlite.engine.arg_utils import EngineArgs
     from vlite.engine.llm_engine import LLMEngine
     from vlite.entrypoints.llm import LLM
-    from vlite.outputs import CompletionOutput, Logprob, RequestOutput
+    from vlite.outputs import (ClassificationRequestOutput, CompletionOutput, EmbeddingRequestOutput, Logprob,
+                               PoolingRequestOutput, RequestOutput, ScoringRequestOutput)
+    from vlite.pooling_params import PoolingParams
     from vlite.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 

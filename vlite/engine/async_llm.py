@@ -111,10 +111,19 @@ class AsyncLLM:
         return self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
 
     def process_pooling_inputs(self, request_id: str, prompt: PromptType, params: PoolingParams,
-                               priority: int = 0) -> tuple[Optional[str], EngineCoreRequest]:
-        """A pooling request validated and tokenized (raises ValueError naming the field), not started."""
+                               priority: int = 0, encoded: Optional[list[int]] = None
+                               ) -> tuple[Optional[str], EngineCoreRequest]:
+        """A pooling request validated and tokenized (raises ValueError naming the field), not started;
+        `encoded`: its text's ids from tokenize_pooling_texts."""
         assert self.input_processor is not None, "AsyncLLM.start() was not awaited"
-        return self.input_processor.process_pooling_inputs(request_id, prompt, params, priority=priority)
+        return self.input_processor.process_pooling_inputs(request_id, prompt, params, priority=priority,
+                                                           encoded=encoded)
+
+    def tokenize_pooling_texts(self, prompts: list[PromptType], params: list[PoolingParams]
+                               ) -> list[Optional[list[int]]]:
+        """The plain-text prompts' token ids in one batched tokenizer call (InputProcessor's)."""
+        assert self.input_processor is not None, "AsyncLLM.start() was not awaited"
+        return self.input_processor.tokenize_pooling_texts(prompts, params)
 
     async def encode(self, prompt: PromptType | tuple[Optional[str], EngineCoreRequest],
                      pooling_params: Optional[PoolingParams] = None, request_id: str = "",

@@ -90,13 +90,18 @@ class LLM:
         params = ([pooling_params] * n if isinstance(pooling_params, PoolingParams) else list(pooling_params))
         if len(params) != n:
             raise ValueError(f"pooling_params has {len(params)} entries for {n} prompts")
-        if truncate_prompt_tokens is not None:
-            params = [dataclasses.replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
-        if pooling_task is not None:
-            params = [dataclasses.replace(p, task=pooling_task) for p in params]
-        engine = self.llm_engine
-        processed = [engine.input_processor.process_pooling_inputs(str(next(self._request_counter)), prompt, p)
-                     for prompt, p in zip(prompts, params)]
+        changes = {k: v for k, v in (("truncate_prompt_tokens", truncate_prompt_tokens), ("task", pooling_task))
+                   if v is not None}
+        if changes:  # one copy per distinct PoolingParams object, not one per prompt
+            copies: dict[int, PoolingParams] = {}
+            for p in params:
+                if id(p) not in copies:
+                    copies[id(p)] = dataclasses.replace(p, **changes)
+            params = [copies[id(p)] for p in params]
+        processor = self.llm_engine.input_processor
+        encoded = processor.tokenize_pooling_texts(prompts, params)
+        processed = [processor.process_pooling_inputs(str(next(self._request_counter)), prompt, p, encoded=e)
+                     for prompt, p, e in zip(prompts, params, encoded)]
         outputs = self._add_and_run(processed, use_tqdm)
         for out in outputs:
             if isinstance(out, RequestOutput):  # it failed in the engine: no pooled output

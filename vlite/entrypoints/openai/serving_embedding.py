@@ -46,9 +46,11 @@ class OpenAIServingPooling(OpenAIServing):
 
         def prepare() -> list[Any]:
             prepared = []
-            for i, (label, prompt) in enumerate(inputs):
+            encoded = self.engine.tokenize_pooling_texts([p for _, p in inputs], [params] * len(inputs))
+            for i, ((label, prompt), ids) in enumerate(zip(inputs, encoded)):
                 try:
-                    prepared.append(self.engine.process_pooling_inputs(f"{base_id}-{i}", prompt, params, priority))
+                    prepared.append(self.engine.process_pooling_inputs(f"{base_id}-{i}", prompt, params, priority,
+                                                                       encoded=ids))
                 except ValueError as e:
                     raise _input_error(str(e), label, params) from None
             return prepared
