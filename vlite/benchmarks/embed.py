@@ -4,6 +4,10 @@ The sentences are made reproducibly from a fixed word list (lengths spread over 
 retrieval corpus's passages are), all given to one `LLM.embed` call (the engine batches them up to its token
 budget, padded nowhere); the reference is `SentenceTransformer(model).encode(batch_size=32)` on the same texts
 with the same torch threads, in float32 as it loads. The cosine between the two sets is printed with them.
+
+With --base-url it measures a running server instead (`vlite serve MODEL --runner pooling`): --num-sentences
+/v1/embeddings requests of one sentence each, one at a time, and the percentiles of their latency (what a
+retrieval pipeline embedding its query waits).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ def sentences(n: int, min_words: int, max_words: int, seed: int = 0) -> list[str
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("benchmark options")
     group.add_argument("--model", default=None, help="a pooling model: a sentence-transformers folder or .zip "
-                                                     "(required)")
+                                                     "(required without --base-url)")
     group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                        help="vlite's dtype (default: %(default)s)")
     group.add_argument("--num-sentences", type=positive_int, default=512, metavar="N", help="(default: %(default)s)")
@@ -47,6 +51,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--threads", type=positive_int, default=None, metavar="N",
                        help="torch threads for both (default: torch's)")
     group.add_argument("--no-reference", action="store_true", help="skip sentence-transformers")
+    group.add_argument("--base-url", default=None, metavar="URL",
+                       help="measure a running server's /v1/embeddings latency instead, one sentence per request "
+                            "(e.g. http://localhost:8000)")
+    group.add_argument("--api-key", default=None, metavar="KEY", help="the server's key (default: $VLITE_API_KEY)")
     add_output_args(parser, profile=False)
 
 
@@ -82,10 +90,47 @@ def run_embed(model: str, texts: list[str], dtype: str = "auto", max_num_batched
     return result
 
 
+def run_server_latency(base_url: str, texts: list[str], api_key: str | None = None, warmup: int = 5
+                       ) -> dict[str, Any]:
+    """One /v1/embeddings request per text, one at a time: latency percentiles (ms) and the tokens of each."""
+    import httpx
+    import numpy as np
+
+    from vlite.benchmarks.serve.client import api_key_from, headers_for
+
+    latencies, tokens = [], []
+    with httpx.Client(base_url=base_url.rstrip("/"), headers=headers_for(api_key_from(api_key)), timeout=60) as client:
+        models = client.get("/v1/models")
+        if models.status_code != 200:
+            raise ValueError(f"{base_url}/v1/models answered {models.status_code}: {models.text[:200]}")
+        model = models.json()["data"][0]["id"]
+        for i, text in enumerate(texts[:warmup] + texts):
+            start = time.perf_counter()
+            r = client.post("/v1/embeddings", json={"model": model, "input": text})
+            elapsed = time.perf_counter() - start
+            if r.status_code != 200:
+                raise ValueError(f"/v1/embeddings answered {r.status_code}: {r.text[:200]}")
+            if i >= warmup:
+                latencies.append(elapsed * 1000)
+                tokens.append(r.json()["usage"]["prompt_tokens"])
+    p50, p90, p99 = np.percentile(latencies, [50, 90, 99])
+    return {"base_url": base_url, "model": model, "requests": len(latencies), "mean_tokens": float(np.mean(tokens)),
+            "p50_ms": float(p50), "p90_ms": float(p90), "p99_ms": float(p99), "mean_ms": float(np.mean(latencies))}
+
+
 def main(ns: argparse.Namespace) -> int:
-    if ns.model is None:
-        raise ValueError("vlite bench embed needs --model: a pooling model (a sentence-transformers folder or .zip)")
     texts = sentences(ns.num_sentences, ns.min_words, ns.max_words)
+    if ns.base_url is not None:
+        r = run_server_latency(ns.base_url, texts, ns.api_key)
+        print(f"embed (server {r['base_url']}, {r['model']}): {r['requests']} requests of one sentence "
+              f"({r['mean_tokens']:.1f} tokens on average), one at a time")
+        print(f"latency ms: p50 {r['p50_ms']:.2f}  p90 {r['p90_ms']:.2f}  p99 {r['p99_ms']:.2f}  "
+              f"mean {r['mean_ms']:.2f}")
+        write_json(ns.output_json, {"args": jsonable_args(ns), **r})
+        return 0
+    if ns.model is None:
+        raise ValueError("vlite bench embed needs --model: a pooling model (a sentence-transformers folder or .zip), "
+                         "or --base-url: a running server")
     r = run_embed(ns.model, texts, ns.dtype, ns.max_num_batched_tokens, ns.threads, not ns.no_reference)
     print(f"embed: {r['sentences']} sentences, {r['tokens']} tokens, {r['threads']} threads, vlite {r['dtype']}")
     print(f"vlite                 {r['vlite_s']:7.2f} s  {r['vlite_sentences_per_s']:8.1f} sentences/s")

@@ -287,3 +287,17 @@ def test_minilm_openai_client_float_and_base64_equal_sentence_transformers(serve
     q = st_model.encode(["What is the capital of France?", *docs])
     expected = sorted((cosine(q[0], q[i + 1]) for i in range(3)), reverse=True)
     assert all(math.isclose(r["relevance_score"], e, abs_tol=1e-4) for r, e in zip(results, expected))
+
+
+def test_bench_embed_measures_the_server_one_sentence_at_a_time(servers):
+    from vlite.benchmarks.embed import run_server_latency, sentences
+
+    srv = servers["embed"]
+    texts = sentences(6, 3, 8)
+    before = labelled(srv, "vllm:request_success_total")
+    r = run_server_latency(srv.url, texts, srv.api_key, warmup=2)
+    assert r["requests"] == 6 and 0 < r["p50_ms"] <= r["p99_ms"]
+    assert r["mean_tokens"] == np.mean([count_tokens(srv, t) for t in texts])
+    assert labelled(srv, "vllm:request_success_total") - before == 8  # warm-up and measured, each its own request
+    with pytest.raises(ValueError, match="401"):
+        run_server_latency(srv.url, texts, "wrong-key")
