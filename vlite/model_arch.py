@@ -84,8 +84,9 @@ class ModelArchConfig:
     is_causal: bool = True
     type_vocab_size: int = 0  # rows of the token-type (segment) embedding; 0: none
     position_offset: int = 0  # added to each position before the position embedding (RoBERTa: padding_idx + 1)
-    # A sequence-classification head on the first token (cross-encoders): "" none, "bert" (pooler dense + tanh,
-    # then classifier), "roberta" (classifier.dense + tanh, then classifier.out_proj); num_labels outputs.
+    # A sequence-classification head: "" none; on an encoder's first token (cross-encoders) "bert" (pooler
+    # dense + tanh, then classifier), "roberta" (classifier.dense + tanh, then classifier.out_proj); on a
+    # decoder's last token "score" (one linear layer, no bias); num_labels outputs.
     classifier: str = ""
     num_labels: int = 0
 
@@ -159,7 +160,9 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
     if not config.is_causal:
         return _encoder_weight_names(config)
     names = {"model.embed_tokens.weight", "model.norm.weight"}
-    if not config.tie_word_embeddings:
+    if config.classifier == "score":  # XForSequenceClassification: a score head in place of the LM head
+        names.add("score.weight")
+    elif not config.tie_word_embeddings:
         names.add("lm_head.weight")
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."

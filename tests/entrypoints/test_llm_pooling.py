@@ -116,3 +116,35 @@ def test_decoder_embedder_last_pooling_chunked_and_prefix_cached(tmp_path):
     assert m["num_free_kv_blocks"] == m["num_kv_blocks"]  # nothing leaked
     with pytest.raises(ValueError, match="does not generate"):
         llm.generate("hello", use_tqdm=False)
+
+
+@pytest.mark.parametrize("arch,num_labels", [("Llama", 3), ("Qwen2", 1)])
+def test_decoder_sequence_classifier_last_token_chunked(tmp_path, arch, num_labels):
+    """XForSequenceClassification: the decoder's final-norm state of each prompt's last token through `score`
+    (transformers' pooling without padding), softmax over several labels, sigmoid over one; the runner is
+    pooling without asking, prompts chunked (16-token budget) and their prefixes served from the cache."""
+    import transformers
+
+    hf = tiny.build(getattr(transformers, f"{arch}Config"), getattr(transformers, f"{arch}ForSequenceClassification"),
+                    num_labels=num_labels)
+    folder = tiny.save_hf(hf, tiny.tiny_tokenizer(), tmp_path / arch)
+    llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=16)
+    shared = list(range(10, 50))
+    seqs = [shared + [70, 71, 72], shared + [80], [5, 6, 7]]
+    with torch.no_grad():
+        logits = [hf(torch.tensor([s])).logits[0] for s in seqs]
+    act = torch.sigmoid if num_labels == 1 else (lambda x: torch.softmax(x, -1))
+    for _ in range(2):  # the second time the shared prefix comes from the cache
+        outs = llm.classify(_ids(seqs), use_tqdm=False)
+        for out, ref in zip(outs, logits):
+            assert out.outputs.num_classes == num_labels
+            torch.testing.assert_close(torch.tensor(out.outputs.probs), act(ref), atol=1e-5, rtol=0)
+    assert llm.get_metrics()["prefix_cache_hits"] >= 32
+    raw = llm.encode(_ids(seqs[:1]), PoolingParams(activation=False), use_tqdm=False)[0]
+    torch.testing.assert_close(raw.outputs.data, logits[0], atol=1e-5, rtol=0)
+    m = llm.get_metrics()
+    assert m["num_free_kv_blocks"] == m["num_kv_blocks"]
+    with pytest.raises(ValueError, match="task 'embed'"):
+        llm.embed(_ids(seqs[:1]), use_tqdm=False)
+    with pytest.raises(ValueError, match="sequence classifier"):
+        LLM(str(folder), dtype="float32", runner="generate")

@@ -167,10 +167,11 @@ def _pooler_config(model_config: ModelConfig, resolved: ResolvedModel, arch: Mod
     defaults), None for generation; a ValueError naming the runner where the model cannot run that way."""
     runner = model_config.runner
     if runner == "auto":
-        runner = "generate" if arch.is_causal else "pooling"
+        runner = "generate" if arch.is_causal and not arch.classifier else "pooling"
     if runner == "generate":
-        if not arch.is_causal:
-            raise ValueError(f"{resolved.name} is a pooling model ({arch.architecture}): it embeds or scores text and "
+        if not arch.is_causal or arch.classifier:
+            kind = "a sequence classifier" if arch.classifier else "a pooling model"
+            raise ValueError(f"{resolved.name} is {kind} ({arch.architecture}): it embeds or scores text and "
                              f"does not generate; run it with runner='pooling' (--runner pooling)")
         if model_config.convert not in ("auto", "none"):
             raise ValueError(f"convert={model_config.convert!r} needs runner='pooling'")

@@ -74,7 +74,11 @@ class CausalLM(nn.Module):
         self.fast_rope = self.layers[0].self_attn.ops is not None
         lm_head = weights.get("lm_head.weight")
         tied = cfg.tie_word_embeddings or lm_head is None
-        if plan.method is None:
+        # XForSequenceClassification: the score head on the last token, no LM head (a pooling model samples none)
+        self.score = param(weights["score.weight"].to(dtype)) if cfg.classifier == "score" else None
+        if self.score is not None:
+            self.lm_head = None
+        elif plan.method is None:
             self.lm_head = self.embed_tokens if tied else param(make_linear(lm_head, plan, dtype))
         else:  # the head is the most sensitive matrix: --quantization int4 keeps it at int8
             self.lm_head = linear_weight(embed if tied else lm_head, plan, dtype, head=True)
@@ -123,6 +127,12 @@ class CausalLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden = layer(rope, hidden, kv_cache, attn_metadata)
         return self.norm(hidden)
+
+    def classify(self, last_token_hidden: torch.Tensor) -> torch.Tensor:
+        """[N, H] final-norm states of each prompt's last token -> [N, num_labels] logits (the `score` head)."""
+        if self.score is None:
+            raise NotImplementedError(f"{type(self).__name__} has no sequence-classification head")
+        return F.linear(last_token_hidden, self.score)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = linear(hidden, self.lm_head, out_dtype=torch.float32)  # quantized: the kernels' sums, unrounded

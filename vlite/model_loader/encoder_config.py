@@ -33,7 +33,7 @@ def arch_from_encoder_config(config: dict[str, Any], spec: ModelSpec) -> ModelAr
     if features.pop("roberta_positions", False):  # transformers: padding_idx + 1 + index, for unpadded input
         offset = int(config.get("pad_token_id", 1)) + 1
     hidden, n_heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-    num_labels = _num_labels(config) if features.get("classifier") else 0
+    labels = num_labels(config) if features.get("classifier") else 0
     return ModelArchConfig(
         architecture=spec.name,
         vocab_size=int(config["vocab_size"]),
@@ -53,12 +53,12 @@ def arch_from_encoder_config(config: dict[str, Any], spec: ModelSpec) -> ModelAr
         hidden_act=config.get("hidden_act", "gelu"),
         type_vocab_size=int(config.get("type_vocab_size", 0)),
         position_offset=offset,
-        num_labels=num_labels,
+        num_labels=labels,
         **features,
     )
 
 
-def _num_labels(config: dict[str, Any]) -> int:
+def num_labels(config: dict[str, Any]) -> int:
     """transformers' PretrainedConfig.num_labels: the key, else the size of id2label, else 2."""
     if config.get("num_labels") is not None:
         return int(config["num_labels"])

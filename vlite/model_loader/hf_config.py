@@ -11,7 +11,9 @@ from typing import Any
 
 from vlite.layers.rope_scaling import ROPE_TYPES, longrope_scaling
 from vlite.model_arch import ModelArchConfig
-from vlite.models.registry import SUPPORTED_HF_ARCHITECTURES, ModelSpec, spec_for, spec_for_hf
+from vlite.model_loader.encoder_config import arch_from_encoder_config, num_labels
+from vlite.models.registry import (SUPPORTED_HF_ARCHITECTURES, ModelSpec, is_decoder_classifier, spec_for,
+                                   spec_for_hf)
 from vlite.utils import extend_ids
 
 __all__ = ["arch_from_hf_config"]
@@ -22,8 +24,6 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
     """The record of a parsed ``config.json`` (and optionally ``generation_config.json``: more EOS ids)."""
     spec = _hf_spec(config)
     if spec.features.get("is_causal") is False:  # BERT-style encoders: a config of their own
-        from vlite.model_loader.encoder_config import arch_from_encoder_config
-
         return arch_from_encoder_config(config, spec)
     if config.get("use_bidirectional_attention"):
         raise ValueError(f"{spec.name} models with bidirectional attention (embedding models) are not supported")
@@ -64,6 +64,8 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
                 # Gemma names its activation hidden_activation (older configs carry both keys)
                 "hidden_act": config.get("hidden_activation") or config.get("hidden_act") or "silu",
                 **_hf_moe(config), **spec.features}
+    if is_decoder_classifier((config.get("architectures") or [""])[0]):  # the last token's states -> num_labels
+        features.update(classifier="score", num_labels=num_labels(config))
     return ModelArchConfig(
         architecture=spec.name,
         vocab_size=int(config["vocab_size"]),

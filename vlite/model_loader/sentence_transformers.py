@@ -53,8 +53,9 @@ def pooler_config_from_folder(folder: Path, arch: ModelArchConfig) -> PoolerConf
     modules = _json(folder / "modules.json")
     transformer = next((m for m in modules or () if m["type"].endswith(".Transformer")), {"path": ""})
     common.update(_transformer_settings(folder / transformer.get("path", "")))
-    if arch.classifier:
-        return PoolerConfig(task="classify", pooling_type=PoolingType.CLS, normalize=False,
+    if arch.classifier:  # an encoder's head reads the first token, a decoder's the last
+        return PoolerConfig(task="classify", pooling_type=PoolingType.LAST if arch.is_causal else PoolingType.CLS,
+                            normalize=False,
                             num_labels=arch.num_labels, activation=_classifier_activation(config, arch.num_labels),
                             **common)
     if modules is None:

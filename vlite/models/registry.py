@@ -134,8 +134,18 @@ def _supported(table: dict[str, ModelSpec], architecture: str, kind: str) -> Mod
 
 
 def spec_for_hf(architecture: str) -> ModelSpec:
-    """The spec of a config.json architecture; a ValueError naming it and the supported ones."""
+    """The spec of a config.json architecture; a ValueError naming it and the supported ones. A decoder's
+    `XForSequenceClassification` (its layers, a `score` head on the last token) is its `XForCausalLM`'s."""
+    base = architecture.removesuffix("ForSequenceClassification") + "ForCausalLM"
+    if base != architecture + "ForCausalLM" and base in _BY_HF:
+        return _BY_HF[base]
     return _supported(_BY_HF, architecture, "architecture ")
+
+
+def is_decoder_classifier(architecture: str) -> bool:
+    """A decoder with a sequence-classification head (`score`) instead of its LM head."""
+    return (architecture.endswith("ForSequenceClassification")
+            and architecture.removesuffix("ForSequenceClassification") + "ForCausalLM" in _BY_HF)
 
 
 def spec_for_gguf(architecture: str) -> ModelSpec:

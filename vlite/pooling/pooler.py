@@ -49,7 +49,8 @@ def _load_dense(layer: DenseLayer) -> tuple[torch.Tensor, Optional[torch.Tensor]
 
 
 class Pooler(nn.Module):
-    """`config`'s pooling; `classify`: the model's head (first-token states -> logits) for task "classify"."""
+    """`config`'s pooling; `classify`: the model's head (the states of each prompt's first token, or of its last
+    with LAST pooling -> logits) for task "classify"."""
 
     def __init__(self, config: PoolerConfig,
                  classify: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
@@ -134,8 +135,9 @@ class Pooler(nn.Module):
         `lengths` rows of `hidden` from `starts`, with its PoolingParams: the embedding (its `dimensions`,
         `normalize`), or the classifier's scores (its `activation`)."""
         starts_t, lengths_t = torch.from_numpy(np.asarray(starts)), torch.from_numpy(np.asarray(lengths))
-        if self.config.task == "classify":
-            logits = self.classify(hidden[starts_t.long()]).float()
+        if self.config.task == "classify":  # the head on the first token (encoders) or the last (decoders, LAST)
+            rows = starts_t + lengths_t - 1 if self.config.pooling_type == PoolingType.LAST else starts_t
+            logits = self.classify(hidden[rows.long()]).float()
             raw = torch.tensor([p.activation is False for p in params])[:, None]
             return torch.where(raw, logits, _ACT[self.config.activation](logits)).tolist()
         pooled = self.pool(hidden, starts_t, lengths_t)

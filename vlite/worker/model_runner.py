@@ -307,7 +307,7 @@ class ModelRunner:
         inputs = StepInputs(req_ids, rows, num_scheduled, query_start_loc, dev["input_ids"], dev["positions"],
                             attn_metadata, dev["logits_indices"], sample_req_ids, rows[sample_mask], num_drafts,
                             draft_token_ids)
-        if self.pooler is not None:
+        if self.pooler is not None and getattr(self.model, "token_type_embeddings", None) is not None:
             inputs.token_type_ids = step_token_type_ids(inputs, num_computed, self.requests, self.device)
         return inputs
 
