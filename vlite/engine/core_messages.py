@@ -86,5 +86,16 @@ def decode_request(kind: EngineCoreRequestType, payload: bytes) -> Any:
     return None
 
 
+def request_id_of(payload: bytes) -> Optional[str]:
+    """The request id in an ADD payload that does not decode as an EngineCoreRequest (its parameters fail the
+    engine core's checks), so that request alone can fail; None where the payload holds none."""
+    try:
+        raw = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    rid = raw.get("request_id") if isinstance(raw, dict) else None
+    return rid if isinstance(rid, str) else None
+
+
 def decode_outputs(payload: bytes) -> EngineCoreOutputs:
     return _outputs_decoder.decode(payload)

@@ -17,7 +17,7 @@ import zmq
 
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.core_messages import (EngineCoreOutputs, EngineCoreRequestType, EngineReady, UtilityCall,
-                                        decode_request, encode)
+                                        decode_request, encode, request_id_of)
 from vlite.executor import ExecutorDeadError
 from vlite.request import RequestStatus
 
@@ -109,7 +109,14 @@ class EngineCoreProc:
         if kind == EngineCoreRequestType.SHUTDOWN:
             self.running = False
             return
-        msg = decode_request(kind, payload)
+        try:
+            msg = decode_request(kind, payload)
+        except Exception as e:  # what cannot be read here fails alone (its request, where it names one)
+            rid = request_id_of(payload) if kind == EngineCoreRequestType.ADD else None
+            logger.error("vlite: the engine core could not read a %s message (%s)", kind.name, e)
+            if rid is not None:
+                self._send(EngineCoreOutputs(failed_requests={rid: f"the engine core could not read the request: {e}"}))
+            return
         if kind == EngineCoreRequestType.ADD:
             try:
                 core.add_request(msg)
