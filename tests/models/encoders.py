@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from tests.models import tiny
 from vlite.layers.encoder import EncoderAttentionMetadata
 from vlite.layers.quantization import QuantizationPlan
 from vlite.model_loader import load_model_weights, resolve_model
@@ -25,15 +26,7 @@ def build(config_cls: type, model_cls: type, seed: int = 0, **overrides: Any) ->
                                   num_attention_heads=4, max_position_embeddings=80, initializer_range=0.1)
     kwargs.update(overrides)
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**kwargs)).eval()
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-            elif "LayerNorm" in name:
-                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
-    return model
+    return tiny.randomize(model_cls(config_cls(**kwargs)).eval(), seed, "LayerNorm")
 
 
 def save(model: Any, folder: Path) -> Path:

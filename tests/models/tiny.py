@@ -62,18 +62,26 @@ def build(config_cls: type, model_cls: type, seed: int = 0, **overrides: Any) ->
         bos_token_id=None, initializer_range=0.08)
     kwargs.update(overrides)
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**kwargs)).eval()
+    model = randomize(model_cls(config_cls(**kwargs)).eval(), seed, "norm", f16_exact=True)
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(eos_token_id=[EOS_ID, ALT_EOS_ID], pad_token_id=ALT_EOS_ID)
+    return model
+
+
+def randomize(model: Any, seed: int, norm_marker: str, f16_exact: bool = False) -> Any:
+    """Biases ~N(0, 0.3) and norm weights (parameters whose name holds `norm_marker`) in [0.5, 1.5), away from
+    the 0 and 1 they start at, so that a loader mixing them up fails; `f16_exact`: every value rounded to what
+    float16 holds (GGUF F16 files then carry the very same weights)."""
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-            elif "norm" in name:
+            elif norm_marker in name:
                 p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
-            p.copy_(p.half().float())
-    from transformers import GenerationConfig
-
-    model.generation_config = GenerationConfig(eos_token_id=[EOS_ID, ALT_EOS_ID], pad_token_id=ALT_EOS_ID)
+            if f16_exact:
+                p.copy_(p.half().float())
     return model
 
 
