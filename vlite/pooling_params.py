@@ -19,19 +19,24 @@ class PoolingParams:
     `normalize`: L2-normalize the embedding (None: as the model's pipeline says).
     `activation`: apply the classifier's activation to its logits (None: yes).
     `truncate_prompt_tokens`: keep the last n prompt tokens (-1: as many as the model takes).
-    `task`: set by the API that makes the request."""
+    `task`: set by the API that makes the request.
+    `prompt_tokens_skipped`: set by the engine: the leading tokens (an instruction prompt the model's pipeline
+    put before the text) that a pipeline with include_prompt False leaves out of the pooling."""
 
     dimensions: Optional[int] = None
     normalize: Optional[bool] = None
     activation: Optional[bool] = None
     truncate_prompt_tokens: Optional[int] = None
     task: Optional[str] = None
+    prompt_tokens_skipped: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("dimensions", "truncate_prompt_tokens"):
+        for name in ("dimensions", "truncate_prompt_tokens", "prompt_tokens_skipped"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.prompt_tokens_skipped < 0:
+            raise ValueError(f"prompt_tokens_skipped must be at least 0, got {self.prompt_tokens_skipped}")
         if self.dimensions is not None and self.dimensions < 1:
             raise ValueError(f"dimensions must be at least 1, got {self.dimensions}")
         if self.truncate_prompt_tokens is not None and not (self.truncate_prompt_tokens == -1

@@ -148,3 +148,40 @@ def test_decoder_sequence_classifier_last_token_chunked(tmp_path, arch, num_labe
         llm.embed(_ids(seqs[:1]), use_tqdm=False)
     with pytest.raises(ValueError, match="sequence classifier"):
         LLM(str(folder), dtype="float32", runner="generate")
+
+
+def test_instruction_prompt_left_out_of_the_pooling(tmp_path):
+    """A sentence-transformers pipeline with a default prompt and include_prompt False (instruction models): the
+    prompt goes before the text, and MEAN pooling leaves its tokens out as sentence-transformers does (its
+    prompt_length: the prompt's own ids less one)."""
+    import json
+
+    from transformers import BertConfig, BertModel
+
+    from tests.model_loader.test_sentence_transformers import TRANSFORMER, module, write
+
+    hf = encoders.build(BertConfig, BertModel, vocab_size=tiny.VOCAB_SIZE)
+    st = encoders.save(hf, tmp_path / "st")
+    tiny.tiny_tokenizer().save_pretrained(st)
+    write(st, {"modules.json": [TRANSFORMER, module(1, "Pooling", "1_Pooling")],
+               "1_Pooling/config.json": {"pooling_mode": "mean", "include_prompt": False},
+               "config_sentence_transformers.json": {"prompts": {"query": "Represent this code: "},
+                                                     "default_prompt_name": "query"}})
+    llm = LLM(str(st), dtype="float32", max_num_batched_tokens=256)
+    tok = llm.get_tokenizer()
+    skip = len(tok("Represent this code: ")["input_ids"]) - 1
+    texts = ["def add(a, b):", "import os"]
+    outs = llm.embed(texts, use_tqdm=False)
+    with torch.no_grad():
+        for out, text in zip(outs, texts):
+            ids = tok("Represent this code: " + text)["input_ids"]
+            assert out.prompt_token_ids == ids and len(ids) > skip > 0
+            ref = hf(torch.tensor([ids])).last_hidden_state[0, skip:].mean(0)
+            torch.testing.assert_close(torch.tensor(out.outputs.embedding), ref, atol=1e-5, rtol=0)
+    # token ids come without the prompt: every token is pooled
+    ids = tok("import os")["input_ids"]
+    out = llm.embed([{"prompt_token_ids": ids}], use_tqdm=False)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(out.outputs.embedding),
+                                   hf(torch.tensor([ids])).last_hidden_state[0].mean(0), atol=1e-5, rtol=0)
+    assert json.loads((st / "1_Pooling/config.json").read_text())["include_prompt"] is False

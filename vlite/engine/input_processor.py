@@ -7,7 +7,7 @@ never reaches a step.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Union
 
 from vlite.pooling_params import PoolingParams
@@ -47,6 +47,7 @@ class InputProcessor:
         # size of its hidden states (what `dimensions` may not exceed).
         self.pooler_config: Any = None
         self.hidden_size = 0
+        self._prompt_tokens: Optional[int] = None  # _prompt_length, once
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):
@@ -96,6 +97,15 @@ class InputProcessor:
             text = config.prompts.get(config.default_prompt_name, "") + text
             text = text.lower() if config.do_lower_case else text
         return text
+
+    def _prompt_length(self) -> int:
+        """sentence-transformers' prompt_length: the default prompt's own token ids less one (the special token
+        a tokenizer puts after them), the leading tokens a pipeline with include_prompt False does not pool."""
+        if self._prompt_tokens is None:
+            config = self.pooler_config
+            ids = self.tokenizer(config.prompts.get(config.default_prompt_name, ""))["input_ids"]
+            self._prompt_tokens = max(len(ids) - 1, 0)
+        return self._prompt_tokens
 
     def tokenize_pooling_texts(self, prompts: list[PromptType], params: list[PoolingParams]
                                ) -> list[Optional[list[int]]]:
@@ -154,6 +164,8 @@ class InputProcessor:
             token_type_ids = list(enc["token_type_ids"]) if "token_type_ids" in enc else None
         else:
             text = self.pooling_text(prompt)
+            if text is not None and not config.include_prompt and config.default_prompt_name:
+                params = replace(params, prompt_tokens_skipped=self._prompt_length())
             if text is not None and (encoded is not None or limit is not None):
                 prompt_text = text
                 token_ids = encoded if encoded is not None else list(

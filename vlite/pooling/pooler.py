@@ -105,6 +105,7 @@ class Pooler(nn.Module):
         """[N, H] float32 pooled vectors of whole prompts in one step. `skip` [N]: leading tokens left out of
         the pooling (an instruction prompt where include_prompt is False); LAST ignores it."""
         if skip is not None and self.config.pooling_type != PoolingType.LAST:
+            skip = torch.minimum(skip, lengths - 1)  # at least one token pooled, whatever was truncated
             starts, lengths = starts + skip, lengths - skip
         return self.finish(self.reduce(hidden, starts, lengths), lengths)
 
@@ -140,7 +141,8 @@ class Pooler(nn.Module):
             logits = self.classify(hidden[rows.long()]).float()
             raw = torch.tensor([p.activation is False for p in params])[:, None]
             return torch.where(raw, logits, _ACT[self.config.activation](logits)).tolist()
-        pooled = self.pool(hidden, starts_t, lengths_t)
+        skip = [p.prompt_tokens_skipped for p in params]
+        pooled = self.pool(hidden, starts_t, lengths_t, torch.tensor(skip) if any(skip) else None)
         norm = [self.config.normalize if p.normalize is None else p.normalize for p in params]
         dims = [p.dimensions for p in params]
         if len(set(norm)) == 1:
