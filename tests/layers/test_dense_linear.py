@@ -1,0 +1,64 @@
+"""The dense float32 kernel for steps of a few rows (dense_linear.cpp), on every ISA build this CPU
+runs (the `ops` fixture, conftest.py), against torch: x @ w.T + bias + residual."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def reference(x, w, bias=None, residual=None):
+    out = x.double() @ w.double().t()
+    if bias is not None:
+        out = out + bias.double()
+    return out if residual is None else out + residual.double()
+
+
+def check(out, ref, k):
+    # float32 sums of k products, in another order than float64's
+    torch.testing.assert_close(out.double(), ref, atol=1e-6 * k ** 0.5 * ref.abs().max().item(), rtol=1e-5)
+
+
+# K: whole and partial 16-input steps, and under 16; N: whole blocks of rows (2, 3, 4) and partial last ones
+@pytest.mark.parametrize("n,k", [(96, 576), (7, 16), (13, 100), (33, 7), (1, 1)])
+def test_matches_torch(ops, n, k):
+    g = torch.Generator().manual_seed(n * 1000 + k)
+    w = torch.randn(n, k, generator=g)
+    most = ops.dense_max_rows()
+    bias, residual = torch.randn(n, generator=g), torch.randn(most, n, generator=g)
+    for m in [m for m in (1, 2, 3, 4, 5, 9, 17, most - 1, most) if 1 <= m <= most]:
+        x = torch.randn(m, k, generator=g)
+        out = ops.dense_linear(x, w, None, None)
+        assert out.shape == (m, n) and out.dtype == torch.float32
+        check(out, reference(x, w), k)
+        check(ops.dense_linear(x, w, bias, residual[:m]), reference(x, w, bias, residual[:m]), k)
+
+
+def test_row_bounds_per_build(ops):
+    # measured crossovers with torch's GEMM (dense_linear.cpp)
+    assert ops.dense_max_rows() == {"avx512": 128, "avx2": 48, "portable": 4}[ops.isa().split("+")[0]]
+
+
+def test_strided_inputs_and_empty_steps(ops):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(40, 64, generator=g)
+    x = torch.randn(3, 128, generator=g)[:, ::2]  # every other column: not contiguous
+    residual = torch.randn(40, 3, generator=g).t()
+    assert not x.is_contiguous() and not residual.is_contiguous()
+    check(ops.dense_linear(x, w, None, residual), reference(x, w, None, residual), 64)
+    assert ops.dense_linear(torch.empty(0, 64), w, None, None).shape == (0, 40)
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.dense_linear(x.to(torch.bfloat16), w.to(torch.bfloat16), None, None)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ops.dense_linear(x.contiguous(), torch.randn(64, 40).t(), None, None)
+
+
+def test_rows_same_bits_in_any_step_size(ops):
+    """A row's output does not depend on the rows beside it: a speculative verify step's rows, or a
+    decode in a batch, equal the 1-row decodes they stand for."""
+    g = torch.Generator().manual_seed(2)
+    most = ops.dense_max_rows()
+    w, x = torch.randn(75, 200, generator=g), torch.randn(most, 200, generator=g)
+    alone = torch.cat([ops.dense_linear(x[i:i + 1], w, None, None) for i in range(most)])
+    for m in [m for m in (2, 3, 5, 9, 16, most) if m <= most]:
+        assert torch.equal(ops.dense_linear(x[:m], w, None, None), alone[:m]), m
