@@ -1,10 +1,15 @@
 """The dense float32 kernel for steps of a few rows (dense_linear.cpp), on every ISA build this CPU
-runs (the `ops` fixture, conftest.py), against torch: x @ w.T + bias + residual."""
+runs (the `ops` fixture, conftest.py), against torch: x @ w.T + bias + residual; and `linear`, which
+takes it for dense float32 weights up to the build's row bound."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+
+from vlite import _custom_ops
+from vlite.layers.quantization import DenseKernel, dense_kernel, linear
 
 
 def reference(x, w, bias=None, residual=None):
@@ -62,3 +67,32 @@ def test_rows_same_bits_in_any_step_size(ops):
     alone = torch.cat([ops.dense_linear(x[i:i + 1], w, None, None) for i in range(most)])
     for m in [m for m in (2, 3, 5, 9, 16, most) if m <= most]:
         assert torch.equal(ops.dense_linear(x[:m], w, None, None), alone[:m]), m
+
+
+def test_linear_takes_the_kernel_for_small_float32_steps(ops):
+    calls = []
+
+    def run(*args):
+        calls.append(args[0].shape[0])
+        return ops.dense_linear(*args)
+
+    dense = DenseKernel(run, 3)
+    g = torch.Generator().manual_seed(3)
+    w, bias = torch.randn(48, 64, generator=g), torch.randn(48, generator=g)
+    for m in (1, 3, 4):
+        x, residual = torch.randn(m, 64, generator=g), torch.randn(m, 48, generator=g)
+        check(linear(x, w, bias, residual, out_dtype=torch.float32, dense=dense), reference(x, w, bias, residual), 64)
+    assert calls == [1, 3]  # 4 rows > max_rows: torch's GEMM
+    x = torch.randn(2, 64, generator=g)
+    linear(x.to(torch.bfloat16), w.to(torch.bfloat16), dense=dense)  # other dtypes: torch
+    linear(x[None], w, dense=dense)  # not [M, K]: torch
+    assert calls == [1, 3]
+    assert torch.equal(linear(x, w), F.linear(x, w))  # no kernel given: torch
+
+
+def test_dense_kernel_only_for_float32_and_with_the_kernels(monkeypatch):
+    assert dense_kernel(torch.bfloat16) is None
+    if _custom_ops.load() is not None:
+        assert dense_kernel(torch.float32).max_rows == _custom_ops.load().dense_max_rows()
+    monkeypatch.setenv(_custom_ops.ENV_KERNELS, "0")
+    assert dense_kernel(torch.float32) is None
