@@ -31,7 +31,7 @@ ENV_ISA = "VLITE_CPU_ISA"
 ISAS = ("avx512", "avx2", "portable")  # best first
 _CSRC = Path(__file__).parent / "csrc" / "cpu"
 _SOURCES = ("bindings.cpp", "quant_linear.cpp", "decode_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "vec.h",
-            "compact_blocks.h", "gguf_tiles.cpp", "memory_bandwidth.cpp",
+            "compact_blocks.h", "gguf_tiles.cpp", "memory_bandwidth.cpp", "dense_linear.cpp",
             "ops.h")
 _UNITS = ("bindings.cpp", "quant_linear.cpp")  # translation units, compiled in parallel (ninja)
 
@@ -202,7 +202,8 @@ def load(isa: Optional[str] = None) -> Optional[Any]:
     module.quant_linear(x [M, K], qt, scales, mins, fmt, sub, n, residual, precise, out_dtype, precise_rows)
     -> [M, N]
     (row-tiled weights, see vlite/layers/packed.py); module.dequantize(...);
-    module.paged_decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale).
+    module.paged_decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale);
+    module.dense_linear(x, w, bias, residual) (float32, up to module.dense_max_rows() rows).
     """
     if not enabled():
         return None

@@ -24,7 +24,7 @@ from vlite.attention.selector import paged_attention
 from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.layernorm import RMSNorm, rms_norm
 from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
-from vlite.layers.quantization import QuantizationPlan, linear
+from vlite.layers.quantization import QuantizationPlan, dense_kernel, linear
 from vlite.layers.rotary_embedding import RotaryEmbedding
 from vlite.model_arch import ModelArchConfig
 
@@ -57,18 +57,20 @@ class Attention(nn.Module):
                        if cfg.attention_out_bias and (self.tp is None or self.tp.is_driver) else None)
         # the C++ in-place rotation (whole heads), where the plan runs the kernels
         self.ops = fast_ops(plan) if self.head_dim <= 512 else None
+        self.dense = dense_kernel(dtype)  # float32 weights in steps of a few rows
 
     def forward(self, rope: Tables, x: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The attention block's output, plus `residual` (the layer's skip connection) when given."""
         precise_rows = attn_metadata.precise_rows
-        qkv = linear(x, self.qkv_weight, self.qkv_bias, precise_rows=precise_rows)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias, precise_rows=precise_rows, dense=self.dense)
         q, k, v = self.rotate(self.qk_norm(qkv), rope)
         o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale, self.window, self.softcap)
         if self.tp is None:
-            return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual, precise_rows=precise_rows)
+            return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual, precise_rows=precise_rows,
+                          dense=self.dense)
         out = linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual if self.tp.is_driver else None,
-                     precise_rows=precise_rows)
+                     precise_rows=precise_rows, dense=self.dense)
         return self.tp.all_reduce(out)
 
     def qk_norm(self, qkv: torch.Tensor) -> torch.Tensor:

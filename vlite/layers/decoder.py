@@ -29,7 +29,7 @@ from vlite.layers.attention import Tables
 from vlite.layers.layernorm import rms_norm
 from vlite.layers.linear import Weights, fast_ops, linear_weight, param
 from vlite.layers.packed import PackedTensors, TiledTensors
-from vlite.layers.quantization import QuantizationPlan, linear, make_linear
+from vlite.layers.quantization import QuantizationPlan, dense_kernel, linear, make_linear
 from vlite.layers.rotary_embedding import RotaryEmbedding
 from vlite.model_arch import ModelArchConfig
 
@@ -82,6 +82,7 @@ class CausalLM(nn.Module):
             self.lm_head = self.embed_tokens if tied else param(make_linear(lm_head, plan, dtype))
         else:  # the head is the most sensitive matrix: --quantization int4 keeps it at int8
             self.lm_head = linear_weight(embed if tied else lm_head, plan, dtype, head=True)
+        self._dense = dense_kernel(dtype)  # a dense float32 head in steps of a few rows
         # With the C++ kernels, lookups read the packed embedding in the kernels' tiled layout: for a
         # tied head the very same tensors (no second copy of the largest matrix).
         self.tiled_embed: Optional[TiledTensors] = None
@@ -135,7 +136,8 @@ class CausalLM(nn.Module):
         return F.linear(last_token_hidden, self.score)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = linear(hidden, self.lm_head, out_dtype=torch.float32)  # quantized: the kernels' sums, unrounded
+        # quantized: the kernels' sums, unrounded; dense float32: the dense kernel in steps of a few rows
+        logits = linear(hidden, self.lm_head, out_dtype=torch.float32, dense=self._dense)
         if self.tp is not None:  # vocab-parallel head: every rank gets the whole row
             logits = self.tp.all_gather_last(logits, list(self.tp.shard.vocab_sizes))
         return logits

@@ -39,7 +39,8 @@ def fuse_rows(parts: list[Weight]) -> Weight | StackedPacked | list[PackedTensor
 
 def fast_ops(plan: QuantizationPlan) -> Any:
     """vlite's C++ kernels for norms, rotary and SiLU where the model runs quantized weights (a dense
-    model keeps torch's ops: float32 stays bit-for-bit the reference computation)."""
+    model keeps torch's ops: float32 stays the reference computation; its linears alone take
+    quantization.dense_kernel in small steps, sums of the same products in another order)."""
     return _custom_ops.load() if plan.method is not None else None
 
 

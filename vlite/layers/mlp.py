@@ -11,7 +11,7 @@ from torch import nn
 
 from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
-from vlite.layers.quantization import QuantizationPlan, linear
+from vlite.layers.quantization import QuantizationPlan, dense_kernel, linear
 from vlite.model_arch import ModelArchConfig
 
 
@@ -20,8 +20,10 @@ class GatedMLP(nn.Module):
     models (GELU runs in torch). Biases where the config has `mlp_bias`."""
 
     def __init__(self, cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
-                 dtype: torch.dtype, intermediate_size: Optional[int] = None) -> None:
-        """`intermediate_size`: the block's width where it is not the config's (an expert of a mixture)."""
+                 dtype: torch.dtype, intermediate_size: Optional[int] = None, torch_linears: bool = False) -> None:
+        """`intermediate_size`: the block's width where it is not the config's (an expert of a mixture);
+        `torch_linears`: dense float32 weights always on torch's GEMM, never the dense kernel (SparseMoE's
+        experts: the block matches transformers' bit for bit)."""
         super().__init__()
         self.intermediate_size = intermediate_size or cfg.intermediate_size
         self.gate_up_weight = linear_weight(
@@ -36,18 +38,20 @@ class GatedMLP(nn.Module):
                           if cfg.mlp_bias and (self.tp is None or self.tp.is_driver) else None)
         self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
         self.ops = fast_ops(plan) if self.intermediate_size % 16 == 0 and not self.gelu else None
+        self.dense = None if torch_linears else dense_kernel(dtype)  # float32 weights in steps of a few rows
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
                 precise_rows: Optional[int] = None) -> torch.Tensor:
         """The block's output, plus `residual` (the layer's skip connection) when given; `precise_rows`:
         the step's, for the quantized kernels (TorchSDPAMetadata.precise_rows)."""
-        gate_up = linear(x, self.gate_up_weight, self.gate_up_bias, precise_rows=precise_rows)
+        gate_up = linear(x, self.gate_up_weight, self.gate_up_bias, precise_rows=precise_rows, dense=self.dense)
         if self.ops is not None:
             act = self.ops.silu_and_mul(gate_up)
         else:
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
             act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
         if self.tp is None:
-            return linear(act, self.down_weight, self.down_bias, residual, precise_rows=precise_rows)
+            return linear(act, self.down_weight, self.down_bias, residual, precise_rows=precise_rows, dense=self.dense)
         return self.tp.all_reduce(linear(act, self.down_weight, self.down_bias,
-                                         residual if self.tp.is_driver else None, precise_rows=precise_rows))
+                                         residual if self.tp.is_driver else None, precise_rows=precise_rows,
+                                         dense=self.dense))

@@ -53,7 +53,7 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(
             GatedMLP(cfg, {f"expert.{shared}.weight": w[f"{prefix}.experts.{e}.{name}.weight"]
                            for shared, name in zip(("gate_proj", "up_proj", "down_proj"), names)},
-                     "expert", plan, dtype, intermediate_size=cfg.moe_intermediate_size)
+                     "expert", plan, dtype, intermediate_size=cfg.moe_intermediate_size, torch_linears=True)
             for e in range(cfg.num_experts))
         self._expert_list = list(self.experts)  # indexed per step without nn.ModuleList's lookups
 

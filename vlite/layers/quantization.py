@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -242,15 +242,36 @@ def _dense(weight: Union[torch.Tensor, PackedTensors, StackedPacked], dtype: tor
     return weight.to(dtype).contiguous()
 
 
+class DenseKernel(NamedTuple):
+    """vlite's C++ kernel for dense float32 weights (dense_linear.cpp), held by a layer: in steps of up to
+    `max_rows` rows torch's CPU GEMM reads the weights 2-4x slower than the machine streams them, and
+    decode steps are bound by that read (SmolLM2-135M float32: 55 -> ~20 ms per token)."""
+
+    run: Callable[..., torch.Tensor]  # (x, w, bias, residual) -> x @ w.T + bias + residual
+    max_rows: int  # the build's crossover: above it torch's GEMM is as fast
+
+
+def dense_kernel(dtype: torch.dtype) -> Optional[DenseKernel]:
+    """The dense kernel for a layer of `dtype`, resolved once at load (the loader's lookup costs ~13 us:
+    too much for each of a step's ~120 linears). None: other dtypes, or no C++ kernels."""
+    ops = _custom_ops.load() if dtype == torch.float32 else None
+    return None if ops is None else DenseKernel(ops.dense_linear, ops.dense_max_rows())
+
+
 def linear(x: torch.Tensor, weight: LinearWeight, bias: Optional[torch.Tensor] = None,
            residual: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
-           precise_rows: Optional[int] = None) -> torch.Tensor:
+           precise_rows: Optional[int] = None, dense: Optional[DenseKernel] = None) -> torch.Tensor:
     """x @ W.T (+ bias) (+ residual), as out_dtype if given (quantized weights: see QuantizedLinear, also
-    for `precise_rows`, which dense weights ignore)."""
+    for `precise_rows`, which dense weights ignore). `dense`: the layer's DenseKernel, which takes dense
+    float32 weights in steps of few enough rows (x [M, K] float32, M <= its max_rows)."""
     if isinstance(weight, (QuantizedLinear, ConcatLinear)):
         if bias is None:
             return weight.forward(x, residual, out_dtype, precise_rows)
         out = weight.forward(x, out_dtype=out_dtype, precise_rows=precise_rows) + bias
+    elif (dense is not None and x.dim() == 2 and x.shape[0] <= dense.max_rows and x.dtype == torch.float32
+          and weight.dtype == torch.float32 and out_dtype in (None, torch.float32)
+          and (residual is None or residual.dtype == torch.float32)):
+        return dense.run(x, weight, bias, residual)  # bias and residual added as the sums are written
     else:
         out = F.linear(x, weight, bias)
         if out_dtype is not None:

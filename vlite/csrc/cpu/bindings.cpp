@@ -11,6 +11,7 @@
 #include "decode_layer.cpp"
 #include "gguf_tiles.cpp"
 #include "memory_bandwidth.cpp"
+#include "dense_linear.cpp"
 
 std::string isa() {
 #if defined(__AVX512VNNI__) && defined(VLITE_AVX512)
@@ -38,6 +39,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("mins"), pybind11::arg("fmt"), pybind11::arg("sub"), pybind11::arg("n"),
         pybind11::arg("residual") = pybind11::none(), pybind11::arg("precise") = pybind11::none(),
         pybind11::arg("out_dtype") = pybind11::none(), pybind11::arg("precise_rows") = pybind11::none());
+  m.def("dense_linear", &vlite::dense_linear, pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("bias"),
+        pybind11::arg("residual"), "float32 x [M, K] @ w [N, K]^T (+ bias) (+ residual) for steps of a few rows");
+  m.def("dense_max_rows", &vlite::dense_max_rows, "the most rows a step runs on dense_linear (above: torch's GEMM)");
   m.def("write_kv_cache", &vlite::write_kv_cache);
   pybind11::class_<vlite::PackedLinear>(m, "PackedLinear", pybind11::module_local())  // one per ISA module
       .def(pybind11::init<at::Tensor, at::Tensor, c10::optional<at::Tensor>, int64_t, int64_t, int64_t,

@@ -20,4 +20,9 @@ at::Tensor dequantize(at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt
 int64_t tile_rows();         // output rows per tile of the packed weight layout
 int64_t precise_max_rows();  // float32 activations get a residual row in steps of at most this many rows
 
+// dense_linear.cpp
+at::Tensor dense_linear(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias,
+                        c10::optional<at::Tensor> residual);
+int64_t dense_max_rows();  // steps of more rows: torch's GEMM is as fast
+
 }  // namespace vlite
