@@ -21,7 +21,7 @@ from typing import Any
 __all__ = ["ModelArchConfig", "LlamaArchConfig", "expected_weight_names"]
 
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gate activations vlite.layers.mlp computes
-_ENCODER_ACTIVATIONS = ("gelu",)  # the (erf) GELU of encoders' MLPs (vlite.layers.encoder)
+_ENCODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")  # vlite.layers.encoder.GELU_APPROXIMATIONS
 
 
 @dataclass(frozen=True)

@@ -73,3 +73,27 @@ def test_bf16_close_to_float32(bert: tuple[Any, Path]) -> None:
     ref = encoders.run_flat(encoders.load(folder), seqs)
     out = encoders.run_flat(encoders.load(folder, torch.bfloat16), seqs).float()
     assert torch.nn.functional.cosine_similarity(out, ref).min() > 0.99
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "gelu_pytorch_tanh"])
+def test_tanh_gelu_and_bf16_match_transformers(tmp_path: Path, act: str) -> None:
+    """hidden_act's GELU approximation is the one run (oneDNN's fused linear + GELU where torch has it); in bf16
+    the fused path agrees with transformers' bf16 model within bf16's rounding."""
+    from transformers import BertConfig, BertModel
+
+    hf = encoders.build(BertConfig, BertModel, seed=3, hidden_act=act)
+    folder = encoders.save(hf, tmp_path / act)
+    encoders.assert_hidden_parity(encoders.load(folder), hf, encoders.sequences())
+    model = encoders.load(folder, torch.bfloat16)
+    out = encoders.run_flat(model, encoders.sequences()[:1]).float()
+    with torch.no_grad():
+        ref = hf(torch.tensor(encoders.sequences()[:1])).last_hidden_state[0]
+    assert (out - ref).abs().max() < 0.1 and torch.nn.functional.cosine_similarity(out, ref).min() > 0.999
+
+
+def test_unsupported_activation_refused(tmp_path: Path) -> None:
+    from transformers import BertConfig, BertModel
+
+    folder = encoders.save(encoders.build(BertConfig, BertModel, hidden_act="relu"), tmp_path / "relu")
+    with pytest.raises(ValueError, match="unsupported hidden_act 'relu'; supported: gelu, gelu_new"):
+        load_model_weights(resolve_model(str(folder)), torch.float32)

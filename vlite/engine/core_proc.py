@@ -7,6 +7,7 @@ the step's outputs with fresh scheduler stats.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -41,6 +42,11 @@ class EngineCoreProc:
         except Exception as e:  # report load failures to the API process, then exit
             self._send(EngineCoreOutputs(engine_error=f"engine failed to start: {e}"))
             raise
+        # This process holds one engine for its life: what start-up made is moved out of the garbage collector's
+        # sight (as vLLM's engine core does), so its oldest-generation passes stop walking ~200k long-lived objects
+        # (measured: ~100 ms each, inside a request's step).
+        gc.collect()
+        gc.freeze()
         self.input_socket = self.ctx.socket(zmq.PULL)
         self.input_socket.connect(input_addr)
         self.parent_pid = os.getppid()

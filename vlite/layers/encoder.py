@@ -29,7 +29,18 @@ from vlite.layers.linear import Weights, fuse_rows, fused_bias, linear_weight, p
 from vlite.layers.quantization import QuantizationPlan, linear
 from vlite.model_arch import ModelArchConfig
 
-__all__ = ["EncoderAttentionMetadata", "Encoder", "LayerNorm", "EncoderLayer", "Dense", "ClassificationHead"]
+__all__ = ["EncoderAttentionMetadata", "Encoder", "LayerNorm", "EncoderLayer", "Dense", "ClassificationHead",
+           "GELU_APPROXIMATIONS"]
+
+# transformers' hidden_act names of the GELUs encoders use -> the approximation (F.gelu's and oneDNN's name).
+GELU_APPROXIMATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+# oneDNN's linear with a fused post-op (torch.ops.mkldnn._linear_pointwise, what torch.compile emits for a CPU
+# linear): the bias and the GELU, or the residual, applied to the float32 sums in the GEMM's own pass before they
+# are rounded to the activations' dtype. Measured with MiniLM's MLP ([6000, 384] @ [1536, 384]^T, bf16, 2 Zen 4
+# threads): F.linear then F.gelu 32 ms, fused 19 ms; a plain linear 17.1 -> 16.4 ms. None without oneDNN.
+_ONEDNN_LINEAR = (getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available()
+                  else None)
 
 
 @dataclass
@@ -84,15 +95,28 @@ class LayerNorm(nn.Module):
 
 
 class Dense(nn.Module):
-    """x @ W.T + b, W dense or quantized as the plan says; `prefix`.weight / `prefix`.bias."""
+    """x @ W.T + b, W dense or quantized as the plan says; `prefix`.weight / `prefix`.bias; then `activation` (a
+    GELU_APPROXIMATIONS key) or plus a residual. Dense weights on the CPU run oneDNN's fused linear."""
 
-    def __init__(self, w: Weights, prefix: str, plan: QuantizationPlan, dtype: torch.dtype) -> None:
+    def __init__(self, w: Weights, prefix: str, plan: QuantizationPlan, dtype: torch.dtype,
+                 activation: Optional[str] = None) -> None:
         super().__init__()
         self.weight = linear_weight(w[f"{prefix}.weight"], plan, dtype)
         self.bias = fused_bias(w, [f"{prefix}.bias"], dtype)
+        self.gelu = None if activation is None else GELU_APPROXIMATIONS[activation]
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, residual)
+        w = self.weight
+        if _ONEDNN_LINEAR is not None and isinstance(w, torch.Tensor) and x.device.type == "cpu" and x.dim() == 2:
+            x = x.contiguous()
+            if self.gelu is not None:
+                return _ONEDNN_LINEAR(x, w, self.bias, "gelu", [], self.gelu)
+            if residual is not None:
+                return _ONEDNN_LINEAR.binary(x, residual.contiguous(), w, self.bias, "add")
+            return _ONEDNN_LINEAR(x, w, self.bias, "none", [], "")
+        if self.gelu is not None:
+            return F.gelu(linear(x, w, self.bias), approximate=self.gelu)
+        return linear(x, w, self.bias, residual)
 
 
 class ClassificationHead(nn.Module):
@@ -129,7 +153,7 @@ class EncoderAttention(nn.Module):
             rows = slice(start, start + n * length)
             q, k, v = qkv[rows].view(n, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
             o = F.scaled_dot_product_attention(q, k, v)  # [n, heads, L, head_dim]
-            out[rows] = o.transpose(1, 2).reshape(n * length, width)
+            out[rows].view(n, length, self.num_heads, self.head_dim).copy_(o.transpose(1, 2))  # one copy, in place
         return self.out(out, residual=x)
 
 
@@ -142,13 +166,13 @@ class EncoderLayer(nn.Module):
         eps = cfg.rms_norm_eps
         self.attention = EncoderAttention(cfg, w, f"{prefix}.attention", plan, dtype)
         self.attention_norm = LayerNorm(w, f"{prefix}.attention.output.LayerNorm", eps, dtype)
-        self.intermediate = Dense(w, f"{prefix}.intermediate.dense", plan, dtype)
+        self.intermediate = Dense(w, f"{prefix}.intermediate.dense", plan, dtype, activation=cfg.hidden_act)
         self.output = Dense(w, f"{prefix}.output.dense", plan, dtype)
         self.output_norm = LayerNorm(w, f"{prefix}.output.LayerNorm", eps, dtype)
 
     def forward(self, x: torch.Tensor, groups: list[tuple[int, int, int]]) -> torch.Tensor:
         h = self.attention_norm(self.attention(x, groups))
-        return self.output_norm(self.output(F.gelu(self.intermediate(h)), residual=h))
+        return self.output_norm(self.output(self.intermediate(h), residual=h))
 
 
 class Encoder(nn.Module):
