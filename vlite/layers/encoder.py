@@ -41,6 +41,10 @@ GELU_APPROXIMATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": 
 # threads): F.linear then F.gelu 32 ms, fused 19 ms; a plain linear 17.1 -> 16.4 ms. None without oneDNN.
 _ONEDNN_LINEAR = (getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available()
                   else None)
+# The dtypes it runs here: bf16 only where oneDNN has a bf16 path on this CPU (AVX-512 BW or newer; an AVX2-only
+# CPU given dtype bfloat16 gets F.linear, which converts).
+_ONEDNN_DTYPES = frozenset() if _ONEDNN_LINEAR is None else frozenset(
+    [torch.float32] + ([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else []))
 
 
 @dataclass
@@ -107,7 +111,7 @@ class Dense(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         w = self.weight
-        if _ONEDNN_LINEAR is not None and isinstance(w, torch.Tensor) and x.device.type == "cpu" and x.dim() == 2:
+        if isinstance(w, torch.Tensor) and x.dtype in _ONEDNN_DTYPES and x.device.type == "cpu" and x.dim() == 2:
             x = x.contiguous()
             if self.gelu is not None:
                 return _ONEDNN_LINEAR(x, w, self.bias, "gelu", [], self.gelu)
