@@ -44,8 +44,8 @@ def fast_ops(plan: QuantizationPlan) -> Any:
     return _custom_ops.load() if plan.method is not None else None
 
 
-def linear_weight(w: Weight | StackedPacked | list[PackedTensors | StackedPacked], plan: QuantizationPlan, dtype: torch.dtype, head: bool = False
-                  ) -> nn.Module | nn.Parameter:
+def linear_weight(w: Weight | StackedPacked | list[PackedTensors | StackedPacked], plan: QuantizationPlan,
+                  dtype: torch.dtype, head: bool = False) -> nn.Module | nn.Parameter:
     """The weight `vlite.layers.quantization.linear` multiplies by: a QuantizedLinear (a ConcatLinear of
     them for fuse_rows' row groups) or a dense parameter."""
     if isinstance(w, list):
