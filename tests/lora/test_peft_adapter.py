@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +145,35 @@ def test_refusals(base: Any, cfg: Any, adapters: dict, tmp_path: Path) -> None:
     message = refused(tmp_path / "regex_head", cfg)
     assert "module 'lm_head' (base_model.model.lm_head." in message and "is not supported" in message
 
+    make_adapter(base, tmp_path / "rank", r=4, lora_alpha=4, target_modules=["q_proj"])
+    config = json.loads((tmp_path / "rank" / "adapter_config.json").read_text())
+    (tmp_path / "rank" / "adapter_config.json").write_text(json.dumps({**config, "r": 2}))
+    assert "layer 0 q_proj: lora_A (4, 64) and lora_B (64, 4) do not match" in refused(tmp_path / "rank", cfg)
+
     (tmp_path / "missing").mkdir()
     assert "adapter_config.json not found" in refused(tmp_path / "missing", cfg)
     make_adapter(base, tmp_path / "no_weights", r=2, lora_alpha=2, target_modules=["q_proj"])
     (tmp_path / "no_weights" / "adapter_model.safetensors").unlink()
     assert "adapter_model.safetensors not found" in refused(tmp_path / "no_weights", cfg)
+
+
+def test_fused_checkpoint_modules(tmp_path: Path) -> None:
+    """Phi-3 stores qkv_proj and gate_up_proj fused: one A per fused projection, B over all its rows."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    phi3 = tiny.build(Phi3Config, Phi3ForCausalLM, pad_token_id=0)
+    cfg = arch_from_hf_config(phi3.config.to_dict())
+    assert cfg.fused_checkpoint
+    model = make_adapter(phi3, tmp_path / "phi3", r=4, lora_alpha=4, target_modules="all-linear")
+    lora = load_peft_adapter(tmp_path / "phi3", cfg, MAX_RANK)
+    assert lora.modules == ("down_proj", "gate_up_proj", "o_proj", "qkv_proj")
+    gen = torch.Generator().manual_seed(3)
+    for projection in PROJECTIONS:
+        a, b = empty_slots(cfg, projection, 2, MAX_RANK)
+        lora.fill_slot(1, projection, a[1], b[1], MAX_RANK)
+        x = torch.randn(4, a.shape[2], generator=gen)
+        out = fused_output(phi3, 1, projection, cfg, x)
+        expected = torch.cat([out[:2], fused_output(model, 1, projection, cfg, x[2:])])
+        add_lora_linear(out, x, LoRAKernelMeta.make(torch.tensor([-1, -1, 1, 1])), a, b,
+                        output_slices(cfg, projection, MAX_RANK))
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
