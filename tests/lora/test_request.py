@@ -26,9 +26,10 @@ def test_invalid_fields_are_named(args: tuple, field: str) -> None:
         LoRARequest(*args)
 
 
-def test_identity_is_the_int_id() -> None:
-    a, same_id, other = LoRARequest("a", 1, "/a"), LoRARequest("renamed", 1, "/b"), LoRARequest("a", 2, "/a")
-    assert a == same_id and hash(a) == hash(same_id)
+def test_identity_is_the_name() -> None:
+    """As vLLM's LoRARequest: the same name is the same adapter, whatever its id or folder string."""
+    a, same_name, other = LoRARequest("a", 1, "/a"), LoRARequest("a", 2, "/b"), LoRARequest("b", 1, "/a")
+    assert a == same_name and hash(a) == hash(same_name)
     assert a != other
-    assert len({a, same_id, other}) == 2
+    assert len({a, same_name, other}) == 2
     assert a != "a"

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 class LoRARequest:
     """A LoRA adapter, by name (what users and `model: "<adapter>"` call it), engine id and folder.
 
-    Two requests are the same adapter when their `lora_int_id`s are equal: the id is the key the engine
-    counts adapters per step by, keys slots and prefix-cache hashes with, so it must be unique per adapter.
-    (vLLM once hashed by the id too; its current LoRARequest compares names.)
+    Two requests are the same adapter when their names are equal (as vLLM's LoRARequest compares them: a
+    name identifies an adapter across engines); the engine counts adapters per step, keys slots and
+    prefix-cache hashes by `lora_int_id`, which must therefore be unique per name.
     """
 
     lora_name: str  # the adapter's name, non-empty
@@ -39,7 +39,7 @@ class LoRARequest:
         return self.lora_path
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, LoRARequest) and self.lora_int_id == other.lora_int_id
+        return isinstance(other, LoRARequest) and self.lora_name == other.lora_name
 
     def __hash__(self) -> int:
-        return hash(self.lora_int_id)
+        return hash(self.lora_name)
