@@ -110,8 +110,8 @@ class InputProcessor:
     def tokenize_pooling_texts(self, prompts: list[PromptType], params: list[PoolingParams]
                                ) -> list[Optional[list[int]]]:
         """The token ids that process_pooling_inputs would give each plain-text prompt, from one batched call
-        of the tokenizer per truncation limit (its Rust side encodes a batch at once: measured 512 sentences
-        in ~10 ms, against ~60 ms one call each); None where a prompt is not plain text. Checks nothing: what
+        of the tokenizer per truncation limit (its Rust side encodes a batch at once: 512 sentences in 19 ms,
+        against 31 ms one call each); None where a prompt is not plain text. Checks nothing: what
         is wrong is reported by process_pooling_inputs."""
         encoded: list[Optional[list[int]]] = [None] * len(prompts)
         by_limit: dict[Optional[int], list[int]] = {}
