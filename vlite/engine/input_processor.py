@@ -107,6 +107,14 @@ class InputProcessor:
             self._prompt_tokens = max(len(ids) - 1, 0)
         return self._prompt_tokens
 
+    def _truncation(self, params: PoolingParams) -> Optional[int]:
+        """The token count a pooling request's prompt is truncated to (None: not truncated; -1: max_model_len);
+        a ValueError where it asks for more than max_model_len."""
+        limit = params.truncate_prompt_tokens
+        if limit is not None and limit > self.max_model_len:
+            raise ValueError(f"truncate_prompt_tokens ({limit}) exceeds max_model_len ({self.max_model_len})")
+        return self.max_model_len if limit == -1 else limit
+
     def tokenize_pooling_texts(self, prompts: list[PromptType], params: list[PoolingParams]
                                ) -> list[Optional[list[int]]]:
         """The token ids that process_pooling_inputs would give each plain-text prompt, from one batched call
@@ -115,12 +123,11 @@ class InputProcessor:
         is wrong is reported by process_pooling_inputs."""
         encoded: list[Optional[list[int]]] = [None] * len(prompts)
         by_limit: dict[Optional[int], list[int]] = {}
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            limit = getattr(p, "truncate_prompt_tokens", None)
-            if isinstance(limit, int) and (limit == -1 or 1 <= limit <= self.max_model_len):
-                by_limit.setdefault(self.max_model_len if limit == -1 else limit, []).append(i)
-            elif limit is None:
-                by_limit.setdefault(None, []).append(i)
+        for i, p in enumerate(params):
+            try:
+                by_limit.setdefault(self._truncation(p), []).append(i)
+            except (ValueError, AttributeError):  # refused by process_pooling_inputs, in the prompts' order
+                continue
         for limit, idx in by_limit.items():
             texts = [(i, self.pooling_text(prompts[i])) for i in idx]
             texts = [(i, t) for i, t in texts if t is not None]
@@ -150,10 +157,7 @@ class InputProcessor:
         params = params.verify(task, config, self.hidden_size)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
-        limit = params.truncate_prompt_tokens
-        if limit is not None and limit > self.max_model_len:
-            raise ValueError(f"truncate_prompt_tokens ({limit}) exceeds max_model_len ({self.max_model_len})")
-        limit = self.max_model_len if limit == -1 else limit
+        limit = self._truncation(params)
         token_type_ids = None
         if isinstance(prompt, dict) and "prompt_pair" in prompt:
             text = (prompt.get("prompt"), prompt["prompt_pair"])
