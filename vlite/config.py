@@ -253,6 +253,32 @@ class SpeculativeConfig:
         return cls(**value)
 
 
+@dataclass(frozen=True)
+class LoRAConfig:
+    """Multi-LoRA serving (vLLM's --enable-lora): `max_loras` distinct adapters in one step (the scheduler's
+    limit and the runner's slots), `max_lora_rank` the largest rank an adapter may have, `max_cpu_loras` the
+    adapters kept loaded in memory (least recently used evicted; None: max_loras)."""
+
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for key in ("max_loras", "max_lora_rank", "max_cpu_loras"):
+            value = getattr(self, key)
+            if key == "max_cpu_loras" and value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
+
+    @property
+    def cpu_loras(self) -> int:
+        """How many adapters stay loaded: max_cpu_loras, or max_loras when not given."""
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -322,6 +348,7 @@ class VliteConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     speculative_config: Optional[SpeculativeConfig] = None
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    lora_config: Optional[LoRAConfig] = None  # None: LoRA off (requests naming an adapter are refused)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
+    from vlite.lora.request import LoRARequest
     from vlite.pooling_params import PoolingParams
     from vlite.sampling_params import SamplingParams
     from vlite.structured_output.request import StructuredOutputRequest
@@ -93,6 +94,8 @@ class Request:
     pooling_params: Optional[PoolingParams] = None
     # Cross-encoders: each prompt token's segment (0: the query, 1: the document); None: all 0.
     token_type_ids: Optional[list[int]] = None
+    # The LoRA adapter the request runs under; None: the base model.
+    lora_request: Optional[LoRARequest] = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

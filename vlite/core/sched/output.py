@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlite.lora.request import LoRARequest
 from vlite.pooling_params import PoolingParams
 from vlite.sampling_params import SamplingParams
 
@@ -24,6 +25,7 @@ class NewRequestData:
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None  # a pooling request: pooled when its prompt is done
     token_type_ids: list[int] | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs under; None: the base model
 
 
 @dataclass
