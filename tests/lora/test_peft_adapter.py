@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.lora.peft_models import make_adapter
 from tests.models import tiny
 from vlite.lora.layout import PROJECTIONS, empty_slots, output_slices, projection_modules
 from vlite.lora.ops import LoRAKernelMeta, add_lora_linear
@@ -34,19 +35,6 @@ def base() -> Any:
 @pytest.fixture(scope="module")
 def cfg(base: Any) -> Any:
     return arch_from_hf_config(base.config.to_dict())
-
-
-def make_adapter(base: Any, folder: Path, seed: int = 0, **lora: Any) -> Any:
-    """peft's LoRA model over a copy of `base`, B random non-zero (peft starts it at zero), saved to `folder`."""
-    lora.setdefault("lora_dropout", 0.0)
-    model = peft.get_peft_model(copy.deepcopy(base), peft.LoraConfig(**lora)).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    model.save_pretrained(folder)
-    return model
 
 
 def fused_output(model: Any, layer: int, projection: str, cfg: Any, x: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ results as a dict, so tests and scripts can call it without the command line.
                   ITL, E2E percentiles and throughput (vllm bench serve's report)
     startup       fresh processes: import, LLM(model), first token and peak RSS, first time and cached
     embed         a pooling model: sentences/s of LLM.embed beside SentenceTransformer.encode
+    lora          LoRA adapters beside the base model: mixed-adapter batch throughput, single-stream decode
 """
 
 from __future__ import annotations
@@ -31,4 +32,5 @@ BENCHMARKS: dict[str, str] = {
     "serve": "vlite.benchmarks.serve.command",
     "startup": "vlite.benchmarks.startup",
     "embed": "vlite.benchmarks.embed",
+    "lora": "vlite.benchmarks.lora",
 }

@@ -14,7 +14,7 @@ on a sliding-window layer (the config's `layer_window`: Mistral, Gemma's pattern
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
@@ -23,10 +23,13 @@ from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata
 from vlite.attention.selector import paged_attention
 from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.layernorm import RMSNorm, rms_norm
-from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
-from vlite.layers.quantization import QuantizationPlan, dense_kernel, linear
+from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight, lora_linear, output_projection
+from vlite.layers.quantization import QuantizationPlan, dense_kernel
 from vlite.layers.rotary_embedding import RotaryEmbedding
 from vlite.model_arch import ModelArchConfig
+
+if TYPE_CHECKING:
+    from vlite.lora.layers import LoRALayer
 
 Tables = tuple[torch.Tensor, torch.Tensor]  # a step's rotary (cos, signed sin), see CausalLM.rope
 QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -58,20 +61,20 @@ class Attention(nn.Module):
         # the C++ in-place rotation (whole heads), where the plan runs the kernels
         self.ops = fast_ops(plan) if self.head_dim <= 512 else None
         self.dense = dense_kernel(dtype)  # float32 weights in steps of a few rows
+        # LoRA (vlite.lora.manager sets them): the step's adapters' updates of the qkv and o projections
+        self.qkv_lora: Optional[LoRALayer] = None
+        self.o_lora: Optional[LoRALayer] = None
 
     def forward(self, rope: Tables, x: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchSDPAMetadata, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The attention block's output, plus `residual` (the layer's skip connection) when given."""
         precise_rows = attn_metadata.precise_rows
-        qkv = linear(x, self.qkv_weight, self.qkv_bias, precise_rows=precise_rows, dense=self.dense)
+        qkv = lora_linear(x, self.qkv_weight, self.qkv_bias, self.qkv_lora, precise_rows=precise_rows,
+                          dense=self.dense)
         q, k, v = self.rotate(self.qk_norm(qkv), rope)
         o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale, self.window, self.softcap)
-        if self.tp is None:
-            return linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual, precise_rows=precise_rows,
-                          dense=self.dense)
-        out = linear(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual if self.tp.is_driver else None,
-                     precise_rows=precise_rows, dense=self.dense)
-        return self.tp.all_reduce(out)
+        return output_projection(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual, self.tp,
+                                 self.o_lora, precise_rows=precise_rows, dense=self.dense)
 
     def qk_norm(self, qkv: torch.Tensor) -> torch.Tensor:
         """The projection [T, q + k + v] before rotary: here as projected (models with q/k norms override)."""

@@ -3,14 +3,18 @@ model runs several projections of one input as one matmul (QKV, gate/up)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
 
 from vlite import _custom_ops
 from vlite.layers.packed import PackedTensors, StackedPacked
-from vlite.layers.quantization import ConcatLinear, QuantizationPlan, make_linear
+from vlite.layers.quantization import ConcatLinear, QuantizationPlan, linear, make_linear
+
+if TYPE_CHECKING:
+    from vlite.distributed.parallel_state import TPGroup
+    from vlite.lora.layers import LoRALayer
 
 Weight = torch.Tensor | PackedTensors
 Weights = dict[str, Weight]  # a loader's output: Hugging Face names -> tensors
@@ -60,3 +64,25 @@ def linear_weight(w: Weight | StackedPacked | list[PackedTensors | StackedPacked
 def fused_bias(w: Weights, names: list[str], dtype: torch.dtype) -> nn.Parameter:
     """The biases of fused projections, concatenated in the same order as their weights."""
     return param(torch.cat([w[n] for n in names]).to(dtype))
+
+
+def lora_linear(x: torch.Tensor, weight: Any, bias: Optional[torch.Tensor], lora: Optional[LoRALayer],
+                residual: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
+    """linear() (kwargs: precise_rows, dense) plus the step's LoRA adapters' update of the same input."""
+    out = linear(x, weight, bias, residual, **kwargs)
+    if lora is not None:
+        lora.apply(out, x)
+    return out
+
+
+def output_projection(x: torch.Tensor, weight: Any, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+                      tp: Optional[TPGroup], lora: Optional[LoRALayer], **kwargs: Any) -> torch.Tensor:
+    """A block's row-parallel output projection (attention's o, the MLP's down), the skip connection added.
+
+    Under tensor parallelism each rank multiplies its input columns (and its part of the LoRA update: A's
+    columns) and the partial sums are all-reduced; rank 0 alone adds the bias (the caller passes it there
+    only) and the skip connection."""
+    if tp is not None and not tp.is_driver:
+        residual = None
+    out = lora_linear(x, weight, bias, lora, residual, **kwargs)
+    return out if tp is None else tp.all_reduce(out)

@@ -3,16 +3,19 @@ GELU with the tanh approximation (Gemma's gelu_pytorch_tanh)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlite.distributed.parallel_state import get_tp_group
-from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight
-from vlite.layers.quantization import QuantizationPlan, dense_kernel, linear
+from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight, lora_linear, output_projection
+from vlite.layers.quantization import QuantizationPlan, dense_kernel
 from vlite.model_arch import ModelArchConfig
+
+if TYPE_CHECKING:
+    from vlite.lora.layers import LoRALayer
 
 
 class GatedMLP(nn.Module):
@@ -39,19 +42,20 @@ class GatedMLP(nn.Module):
         self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
         self.ops = fast_ops(plan) if self.intermediate_size % 16 == 0 and not self.gelu else None
         self.dense = None if torch_linears else dense_kernel(dtype)  # float32 weights in steps of a few rows
+        # LoRA (vlite.lora.manager sets them): the step's adapters' updates of the gate/up and down projections
+        self.gate_up_lora: Optional[LoRALayer] = None
+        self.down_lora: Optional[LoRALayer] = None
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
                 precise_rows: Optional[int] = None) -> torch.Tensor:
         """The block's output, plus `residual` (the layer's skip connection) when given; `precise_rows`:
         the step's, for the quantized kernels (TorchSDPAMetadata.precise_rows)."""
-        gate_up = linear(x, self.gate_up_weight, self.gate_up_bias, precise_rows=precise_rows, dense=self.dense)
+        gate_up = lora_linear(x, self.gate_up_weight, self.gate_up_bias, self.gate_up_lora, precise_rows=precise_rows,
+                              dense=self.dense)
         if self.ops is not None:
             act = self.ops.silu_and_mul(gate_up)
         else:
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
             act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
-        if self.tp is None:
-            return linear(act, self.down_weight, self.down_bias, residual, precise_rows=precise_rows, dense=self.dense)
-        return self.tp.all_reduce(linear(act, self.down_weight, self.down_bias,
-                                         residual if self.tp.is_driver else None, precise_rows=precise_rows,
-                                         dense=self.dense))
+        return output_projection(act, self.down_weight, self.down_bias, residual, self.tp, self.down_lora,
+                                 precise_rows=precise_rows, dense=self.dense)

@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -50,7 +50,7 @@ class LoRAWeights:
     index: int  # its place among its projection's modules (q, k, v: 0, 1, 2): its rank block in a slot
     out_offset: int  # first row of the module in vlite's fused projection
     lora_a: torch.Tensor  # [r, in_features]
-    lora_b: torch.Tensor  # [n, r], the scaling folded in
+    lora_b: torch.Tensor  # [n, r], the scaling folded in (a view of B transposed: lora_b.t() is contiguous)
 
 
 @dataclass(frozen=True)
@@ -82,9 +82,17 @@ class LoRAModel:
                    for t in (w.lora_a, w.lora_b))
 
 
+# A tensor-parallel rank's part of one of an adapter's matrices: (layer, module, "A" or "B", tensor) -> tensor
+ShardFn = Callable[[int, ModuleSpec, str, torch.Tensor], torch.Tensor]
+
+
 def load_peft_adapter(path: str | Path, cfg: ModelArchConfig, max_lora_rank: int,
-                      dtype: torch.dtype = torch.float32) -> LoRAModel:
-    """Read and check a PEFT LoRA folder for a model of `cfg`; LoRAAdapterError says what is wrong."""
+                      dtype: torch.dtype = torch.float32, shard: Optional[ShardFn] = None) -> LoRAModel:
+    """Read and check a PEFT LoRA folder for a model of `cfg`; LoRAAdapterError says what is wrong.
+
+    `shard`: under tensor parallelism, cuts each matrix to the rank's part (`cfg` is then the rank's config,
+    whose shapes the cut matrices must have). Each lora_b is held transposed in memory ([r, n] contiguous, a
+    view [n, r]): the expand step reads B's rank rows whole (vlite.lora.layers)."""
     folder = Path(path)
     config = _read_config(folder)
     rank, alpha = _rank_and_alpha(folder, config, max_lora_rank)
@@ -105,12 +113,15 @@ def load_peft_adapter(path: str | Path, cfg: ModelArchConfig, max_lora_rank: int
         if set(ab) != {"A", "B"}:
             raise LoRAAdapterError(folder, f"{where} has lora_{'A' if 'A' in ab else 'B'} without its pair")
         a, b = ab["A"], ab["B"]
+        if shard is not None:
+            a, b = shard(layer, spec, "A", a), shard(layer, spec, "B", b)
         if tuple(a.shape) != (rank, spec.in_features) or tuple(b.shape) != (spec.out_features, rank):
             raise LoRAAdapterError(
                 folder, f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not match the base model "
                 f"(expected ({rank}, {spec.in_features}) and ({spec.out_features}, {rank}))")
+        b_t = (b.float() * scaling).to(dtype).t().contiguous()
         layers[layer].setdefault(spec.projection, []).append(LoRAWeights(
-            name, spec.index, spec.out_offset, a.to(dtype).contiguous(), (b.float() * scaling).to(dtype).contiguous()))
+            name, spec.index, spec.out_offset, a.to(dtype).contiguous(), b_t.t()))
     return LoRAModel(str(folder), rank, scaling, tuple(sorted({name for _, name in pairs})),
                      tuple({p: tuple(sorted(ws, key=lambda w: w.index)) for p, ws in layer.items()}
                            for layer in layers))

@@ -38,10 +38,12 @@ from vlite.structured_output.backend_xgrammar import apply_step_bitmask
 from vlite.utils import group_offsets, group_starts
 from vlite.worker.device_inputs import DeviceInputs
 from vlite.worker.input_batch import InputBatch
+from vlite.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vlite.worker.pooling import pooled_outputs, step_token_type_ids
 
 if TYPE_CHECKING:
-    from vlite.config import LoadedEngineConfig
+    from vlite.config import LoadedEngineConfig, LoRAConfig
+    from vlite.lora.request import LoRARequest
     from vlite.structured_output.manager import GrammarOutput
 
 
@@ -61,6 +63,7 @@ class CachedRequestState:
     num_prompt_logprobs_done: int = 0
     pooling_params: Optional[PoolingParams] = None  # a pooling request: pooled when its prompt is done
     token_type_ids: Optional[list[int]] = None  # cross-encoders' segments
+    lora_request: Optional[LoRARequest] = None  # the adapter it runs under
 
 
 @dataclass
@@ -97,7 +100,7 @@ class _StepState:
     draft_token_ids: Optional[np.ndarray] = None  # all of them, flat, requests in order
 
 
-class ModelRunner:
+class ModelRunner(LoRAModelRunnerMixin):
     device = torch.device("cpu")  # set per instance in __init__
 
     @classmethod
@@ -110,13 +113,15 @@ class ModelRunner:
         return cls(loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks, cfg.cache_config.block_size,
                    cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids,
                    loaded.quantization, cfg.speculative_config, device=loaded.device,
-                   enforce_eager=cfg.device_config.enforce_eager, pooler_config=loaded.pooler_config)
+                   enforce_eager=cfg.device_config.enforce_eager, pooler_config=loaded.pooler_config,
+                   lora_config=cfg.lora_config)
 
     def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
                  eos_token_ids: tuple[int, ...], quantization: QuantizationPlan = QuantizationPlan(None),
                  speculative_config: Optional[SpeculativeConfig] = None, device: str = "cpu",
-                 enforce_eager: bool = False, pooler_config: Optional[PoolerConfig] = None) -> None:
+                 enforce_eager: bool = False, pooler_config: Optional[PoolerConfig] = None,
+                 lora_config: Optional[LoRAConfig] = None) -> None:
         self.arch = arch
         # Weights and KV caches live on `device`; per-step arrays are built on the CPU and sent in one copy.
         self.device = torch.device(device)
@@ -127,6 +132,7 @@ class ModelRunner:
         self.vocab_size = arch.vocab_size
         self.quantization = quantization
         self.model = build_model(arch, weights, quantization, dtype).eval().to(self.device)  # the registry's class
+        self._init_lora(self.model, lora_config, dtype, self.device)  # LoRA layers, where adapters are served
         self.tp = get_tp_group()  # tensor parallelism: rank 0 samples, the others take its tokens
         self.attention_windows = arch.attention_windows  # one attention-metadata view per window, each step
         self.attn_backend.load_kernels()
@@ -168,7 +174,7 @@ class ModelRunner:
         self._fault_token_id = int(fault) if fault else None
         self.cuda_graphs = None  # all-decode steps replayed from CUDA graphs (vlite.worker.cuda_graphs)
         # Mixture layers read expert counts back to the host (not capturable): they run eagerly.
-        if self.device.type == "cuda" and not enforce_eager and not arch.num_experts:
+        if self.device.type == "cuda" and not enforce_eager and not arch.num_experts and lora_config is None:
             from vlite.worker.cuda_graphs import CUDAGraphRunner
 
             self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, self.attn_backend, block_size,
@@ -227,7 +233,8 @@ class ModelRunner:
             state = self.requests.get(new.req_id)
             if state is None:
                 state = CachedRequestState(new.req_id, new.prompt_token_ids, new.sampling_params,
-                                           pooling_params=new.pooling_params, token_type_ids=new.token_type_ids)
+                                           pooling_params=new.pooling_params, token_type_ids=new.token_type_ids,
+                                           lora_request=new.lora_request)
                 self.requests[new.req_id] = state
             batch.add_request(new.req_id, new.prompt_token_ids + new.output_token_ids, len(new.prompt_token_ids),
                               new.num_computed_tokens, new.block_ids, state.sampling_params)
@@ -255,6 +262,8 @@ class ModelRunner:
         req_ids = [req_ids[i] for i in order]
         num_scheduled = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64,
                                     count=len(req_ids))
+        if self.lora_manager is not None:
+            self._set_active_loras([self.requests[r].lora_request for r in req_ids], num_scheduled)
 
         query_start_loc = np.zeros(len(req_ids) + 1, dtype=np.int64)
         np.cumsum(num_scheduled, out=query_start_loc[1:])
