@@ -118,3 +118,23 @@ def test_gguf_base_with_adapter_agrees_with_float32_peft(base: Any, tokenizer: A
             matched += next(t for t, lp in entry.items() if lp.rank == 1) == token
             total += 1
     assert matched / total >= 0.97, f"top-1 agreement {matched}/{total}"
+
+
+def test_tensor_parallel_adapters_match_peft(base: Any, tokenizer: Any, model_dir: Path, adapters: dict,
+                                             prompt_ids: list[list[int]], refs: list[Any]) -> None:
+    """TP=2 (worker processes): each rank holds its cut of every adapter (B's rows of q/k/v and gate/up, A's
+    columns of o and down); the same greedy tokens as transformers + peft."""
+    from vlite import LLM, SamplingParams
+
+    folder = model_dir / "hf"
+    if not folder.exists():
+        tiny.save_hf(base, tokenizer, folder)
+    llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=tiny.STEP_TOKENS, kv_cache_memory_bytes=16 * 2**20,
+              enable_lora=True, max_loras=3, max_lora_rank=8, tensor_parallel_size=2)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=tiny.MAX_NEW, ignore_eos=True, logprobs=5)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False,
+                               lora_request=lora_requests(adapters, ASSIGNED))
+        print(tiny.assert_parity([o.outputs[0] for o in outputs], refs))
+    finally:
+        llm.llm_engine.engine_core.shutdown()

@@ -59,6 +59,9 @@ def measure_verify_cost(runner: VerifyTarget, max_tokens: int, num_blocks: int, 
     if -(-(context + measured) // bs) > num_blocks:
         return None
     block_table = torch.arange(-(-(context + measured) // bs)).view(1, -1)
+    lora = getattr(runner, "lora_manager", None)
+    if lora is not None:  # the base model's steps (the last step's adapter rows are not these rows)
+        lora.step.clear()
     best = np.full(measured, np.inf)
     for _ in range(REPEATS):
         for q in range(1, measured + 1):
