@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlite.core.block_pool import BlockPool
-from vlite.core.kv_cache_utils import NULL_BLOCK, KVCacheBlock, compute_block_hashes
+from vlite.core.kv_cache_utils import NULL_BLOCK, KVCacheBlock, compute_block_hashes, lora_extra_keys
 from vlite.request import Request
 
 
@@ -60,7 +60,8 @@ class KVCacheManager:
         return self.block_pool.get_num_free_blocks()
 
     def _block_hashes(self, request: Request) -> list:
-        return compute_block_hashes(request.all_token_ids, self.block_size, request.block_hashes)
+        extra = lora_extra_keys(request.lora_request) if request.lora_request is not None else b""
+        return compute_block_hashes(request.all_token_ids, self.block_size, request.block_hashes, extra)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of the request: (blocks, number of tokens they hold).

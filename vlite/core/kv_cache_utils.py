@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 from array import array
 from dataclasses import dataclass
-from typing import NewType, Optional, Sequence
+from typing import TYPE_CHECKING, NewType, Optional, Sequence
+
+if TYPE_CHECKING:
+    from vlite.lora.request import LoRARequest
 
 # sha256 over (parent hash, token ids as int32, extra keys): collision resistant, so a hit can be
 # trusted without comparing tokens, and fast (C) for the few dozen blocks of a prompt.
@@ -22,6 +25,17 @@ def hash_block_tokens(parent_hash: Optional[BlockHash], token_ids: Sequence[int]
     if extra_keys:
         h.update(extra_keys)
     return BlockHash(h.digest())
+
+
+def lora_extra_keys(lora_request: Optional[LoRARequest]) -> bytes:
+    """What a request's adapter adds to each of its block hashes: its name, id and path, each length-prefixed
+    (no two adapters give the same bytes), so K/V computed under one adapter, or under none, are never served
+    to a request under another. No adapter: nothing, so the base model's hashes are those without LoRA."""
+    if lora_request is None:
+        return b""
+    parts = (b"lora", lora_request.lora_name.encode(), str(lora_request.lora_int_id).encode(),
+             lora_request.lora_path.encode())
+    return b"".join(len(p).to_bytes(4, "little") + p for p in parts)
 
 
 def compute_block_hashes(token_ids: Sequence[int], block_size: int, existing: list[BlockHash],

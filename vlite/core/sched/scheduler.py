@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Iterable, Optional
 
-from vlite.config import SchedulerConfig, SpeculativeConfig
+from vlite.config import LoRAConfig, SchedulerConfig, SpeculativeConfig
 from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.sched.fault_isolation import FaultIsolation
 from vlite.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
@@ -24,8 +24,11 @@ from vlite.request import FinishReason, Request, RequestStatus
 
 class Scheduler(FaultIsolation):
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 speculative_config: Optional[SpeculativeConfig] = None) -> None:
+                 speculative_config: Optional[SpeculativeConfig] = None,
+                 lora_config: Optional[LoRAConfig] = None) -> None:
         self.config = scheduler_config
+        # With LoRA: at most lora_config.max_loras distinct adapters among the running requests (the runner's slots).
+        self.lora_config = lora_config
         self.spec_decoding_stats = SpecDecodingStats() if speculative_config is not None else None
         self.max_model_len = scheduler_config.max_model_len
         self.kv_cache_manager = kv_cache_manager
@@ -185,6 +188,8 @@ class Scheduler(FaultIsolation):
         num_partial_prefills = sum(
             1 for r in self.running
             if r.num_computed_tokens + num_scheduled_tokens.get(r.request_id, 0) < r.num_prompt_tokens)
+        # The adapters of every running request (not only this step's): no step can then hold more than max_loras.
+        running_loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
         while token_budget > 0 and len(self.running) < self.config.max_num_seqs:
             queue = self._select_waiting_queue_for_scheduling()
             if queue is None:
@@ -204,6 +209,14 @@ class Scheduler(FaultIsolation):
                     self._fail_invalid(request, error)
                     continue
                 request.status = RequestStatus.WAITING
+            lora = request.lora_request
+            if (lora is not None and self.lora_config is not None and lora.lora_int_id not in running_loras
+                    and len(running_loras) >= self.lora_config.max_loras):
+                # Every adapter slot is taken: wait for one to free, letting base-model requests and those of
+                # the running adapters go ahead.
+                queue.pop_request()
+                step_skipped_waiting.prepend_request(request)
+                continue
             computed_blocks, num_computed_tokens = kv.get_computed_blocks(request)
             num_new_tokens = self._cap_new_tokens(request, request.num_tokens - num_computed_tokens, token_budget)
             is_partial = num_computed_tokens + num_new_tokens < request.num_prompt_tokens
@@ -225,6 +238,8 @@ class Scheduler(FaultIsolation):
                 request.num_cached_tokens = num_computed_tokens
                 request.first_scheduled_time = time.time()
             num_partial_prefills += is_partial
+            if lora is not None:
+                running_loras.add(lora.lora_int_id)
             scheduled_new.append(NewRequestData(
                 req_id=request.request_id,
                 prompt_token_ids=request.prompt_token_ids,
@@ -234,6 +249,7 @@ class Scheduler(FaultIsolation):
                 num_computed_tokens=num_computed_tokens,
                 pooling_params=request.pooling_params,
                 token_type_ids=request.token_type_ids,
+                lora_request=request.lora_request,
             ))
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
@@ -372,6 +388,14 @@ class Scheduler(FaultIsolation):
 
     def make_stats(self) -> SchedulerStats:
         pc = self.kv_cache_manager.prefix_cache_stats
+        running_loras: dict[str, int] = {}
+        waiting_loras: dict[str, int] = {}
+        if self.lora_config is not None:
+            for requests, counts in ((self.running, running_loras),
+                                     ((*self.waiting, *self.skipped_waiting), waiting_loras)):
+                for r in requests:
+                    if r.lora_request is not None:
+                        counts[r.lora_request.lora_name] = counts.get(r.lora_request.lora_name, 0) + 1
         return SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting) + len(self.skipped_waiting),
@@ -380,4 +404,7 @@ class Scheduler(FaultIsolation):
             prefix_cache_queries=pc.queries,
             prefix_cache_hits=pc.hits,
             spec_decoding=self.spec_decoding_stats.copy() if self.spec_decoding_stats is not None else None,
+            running_lora_adapters=running_loras,
+            waiting_lora_adapters=waiting_loras,
+            max_lora=self.lora_config.max_loras if self.lora_config is not None else 0,
         )

@@ -16,6 +16,32 @@ class SchedulerStats:
     prefix_cache_queries: int  # cumulative, tokens
     prefix_cache_hits: int  # cumulative, tokens
     spec_decoding: Optional[SpecDecodingStats] = None  # cumulative; None without speculative decoding
+    # vLLM's lora_requests_info: adapter name -> its running / waiting requests, and max_loras (0: LoRA off).
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
+    max_lora: int = 0
+
+
+def sum_scheduler_stats(stats: list[SchedulerStats]) -> SchedulerStats:
+    """Several engine cores' stats as one (data parallel): counts summed, adapters' counts summed per name, KV
+    usage averaged; `max_lora` is each core's configured limit (the same on all), so it is taken, not summed."""
+    def merged(dicts: list[dict[str, int]]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in dicts:
+            for name, n in d.items():
+                out[name] = out.get(name, 0) + n
+        return out
+
+    return SchedulerStats(
+        num_running_reqs=sum(s.num_running_reqs for s in stats),
+        num_waiting_reqs=sum(s.num_waiting_reqs for s in stats),
+        kv_cache_usage=sum(s.kv_cache_usage for s in stats) / len(stats) if stats else 0.0,
+        num_preemptions=sum(s.num_preemptions for s in stats),
+        prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
+        prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
+        running_lora_adapters=merged([s.running_lora_adapters for s in stats]),
+        waiting_lora_adapters=merged([s.waiting_lora_adapters for s in stats]),
+        max_lora=max((s.max_lora for s in stats), default=0))
 
 
 @dataclass
