@@ -6,8 +6,8 @@ import logging
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Optional
 
-from vlite.config import (CacheConfig, DeviceConfig, LoadedEngineConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                          SpeculativeConfig, VliteConfig, cpu_supports_bf16, resolve_dtype_name)
+from vlite.config import (CacheConfig, DeviceConfig, LoadedEngineConfig, LoRAConfig, ModelConfig, ParallelConfig,
+                          SchedulerConfig, SpeculativeConfig, VliteConfig, cpu_supports_bf16, resolve_dtype_name)
 from vlite.model_loader import (ModelArchConfig, ResolvedModel, gguf_linear_type, load_model_arch, load_model_weights,
                                 resolve_model)
 
@@ -48,6 +48,11 @@ class EngineArgs:
     num_threads: Optional[int] = None  # CPU threads running the model (None: VLITE_NUM_THREADS, else all cores)
     runner: str = "auto"  # "generate" | "pooling" | "auto" (pooling for encoder models)
     convert: str = "auto"  # a decoder as a pooling model: "embed" (default) | "classify"
+    # Multi-LoRA serving (vLLM's names): requests may name an adapter (LoRARequest); see vlite.config.LoRAConfig.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -69,6 +74,7 @@ class EngineArgs:
                         policy=self.scheduling_policy, long_prefill_token_threshold=self.long_prefill_token_threshold,
                         max_num_partial_prefills=self.max_num_partial_prefills)
         speculative_config = SpeculativeConfig.from_user(self.speculative_config)
+        lora_config = self._lora_config(speculative_config)
         parallel_config = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                          distributed_executor_backend=self.distributed_executor_backend,
                                          data_parallel_size=self.data_parallel_size)
@@ -110,6 +116,9 @@ class EngineArgs:
         from vlite.worker.model_runner import kv_cache_bytes_per_block
 
         pooler_config = _pooler_config(model_config, resolved, arch)
+        if lora_config is not None and pooler_config is not None:
+            raise ValueError(f"enable_lora: LoRA adapters apply to text generation only, and {resolved.name} runs "
+                             f"as a pooling model (runner='pooling', embeddings and scores); leave --enable-lora off")
         bytes_per_block = kv_cache_bytes_per_block(arch, self.block_size, torch_dtype)
         if not arch.is_causal:  # encoders keep no KV cache: nothing to size
             kv_bytes = bytes_per_block
@@ -155,10 +164,22 @@ class EngineArgs:
                     num_blocks * bytes_per_block / 2**20, max_model_len)
         return LoadedEngineConfig(
             config=VliteConfig(model_config, cache_config, scheduler_config, speculative_config=speculative_config,
-                               parallel_config=parallel_config, device_config=device_config),
+                               parallel_config=parallel_config, device_config=device_config, lora_config=lora_config),
             resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
             num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids), device=device,
             pooler_config=pooler_config)
+
+    def _lora_config(self, speculative_config: Optional[SpeculativeConfig]) -> Optional[LoRAConfig]:
+        """LoRAConfig with enable_lora, else None (checked before the model loads). Speculative decoding goes with
+        it: its drafts come from n-gram prompt lookup (no draft model that would lack the adapter) and are
+        verified by the target model under the request's adapter, so outputs stay the adapter's."""
+        if not self.enable_lora:
+            return None
+        if speculative_config is not None and speculative_config.method != "ngram":
+            raise ValueError(f"enable_lora with speculative method {speculative_config.method!r}: only n-gram "
+                             f"drafting (a model-free proposer) runs with LoRA adapters")
+        return LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
+                          max_cpu_loras=self.max_cpu_loras)
 
 
 def _pooler_config(model_config: ModelConfig, resolved: ResolvedModel, arch: ModelArchConfig

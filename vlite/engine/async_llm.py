@@ -20,6 +20,7 @@ from vlite.engine.input_processor import EngineCoreRequest, InputProcessor, Prom
 from vlite.engine.output_processor import IterationStats, OutputProcessor
 from vlite.engine.parallel_sampling import ParentRequest
 from vlite.executor.start_method import exit_if_bootstrapping
+from vlite.lora.request import LoRARequest
 from vlite.model_loader import load_tokenizer, resolve_model
 from vlite.outputs import PoolingRequestOutput, RequestOutput
 from vlite.pooling_params import PoolingParams
@@ -89,6 +90,7 @@ class AsyncLLM:
         self.input_processor.pooler_config = ready.pooler_config
         self.input_processor.hidden_size = ready.hidden_size
         self.input_processor.max_prompt_tokens = ready.max_prompt_tokens
+        self.input_processor.enable_lora = self.engine_args.enable_lora
         self._output_task = asyncio.create_task(self._output_handler(), name="vlite-output-handler")
 
     @property
@@ -105,10 +107,12 @@ class AsyncLLM:
     # ---- requests -----------------------------------------------------------------------------
 
     def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                       priority: int = 0) -> tuple[Optional[str], EngineCoreRequest]:
+                       priority: int = 0, lora_request: Optional[LoRARequest] = None
+                       ) -> tuple[Optional[str], EngineCoreRequest]:
         """Validate and tokenize (raises ValueError naming the field) without starting anything."""
         assert self.input_processor is not None, "AsyncLLM.start() was not awaited"
-        return self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
+        return self.input_processor.process_inputs(request_id, prompt, params, priority=priority,
+                                                   lora_request=lora_request)
 
     def process_pooling_inputs(self, request_id: str, prompt: PromptType, params: PoolingParams,
                                priority: int = 0, encoded: Optional[list[int]] = None
@@ -127,9 +131,12 @@ class AsyncLLM:
 
     async def encode(self, prompt: PromptType | tuple[Optional[str], EngineCoreRequest],
                      pooling_params: Optional[PoolingParams] = None, request_id: str = "",
-                     priority: int = 0) -> PoolingRequestOutput:
+                     priority: int = 0, lora_request: Optional[LoRARequest] = None) -> PoolingRequestOutput:
         """A pooling request's output (vLLM's AsyncLLM.encode, awaited to its one final output): `prompt` as
-        for process_pooling_inputs, or what it returned. Cancelled, it aborts the request."""
+        for process_pooling_inputs, or what it returned. Cancelled, it aborts the request. No LoRA adapter:
+        they apply to generation only (a pooling model cannot be started with enable_lora)."""
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters apply to text generation only, not to pooling")
         if not isinstance(prompt, tuple):
             prompt = self.process_pooling_inputs(request_id, prompt, pooling_params or PoolingParams(), priority)
         if prompt[1].pooling_params is None:
@@ -143,8 +150,11 @@ class AsyncLLM:
 
     async def generate(self, prompt: PromptType | tuple[Optional[str], EngineCoreRequest],
                        sampling_params: Optional[SamplingParams] = None, request_id: str = "",
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Yield RequestOutputs as they come (per `output_kind`); abort if the caller goes away."""
+                       priority: int = 0, lora_request: Optional[LoRARequest] = None
+                       ) -> AsyncIterator[RequestOutput]:
+        """Yield RequestOutputs as they come (per `output_kind`); abort if the caller goes away. `lora_request`:
+        the adapter to run under (with a prompt; a processed request carries its own). An adapter the engine
+        core cannot load fails the request with EngineBadRequestError."""
         if not self.is_running:
             raise EngineDeadError(self.errored or "the engine core is not running")
         if isinstance(prompt, tuple):
@@ -152,7 +162,7 @@ class AsyncLLM:
             request_id = request.request_id
         else:
             prompt_text, request = self.process_inputs(request_id, prompt, sampling_params or SamplingParams(),
-                                                       priority)
+                                                       priority, lora_request)
         if request_id in self._queues:
             raise ValueError(f"request_id {request_id!r} is already in use")
         queue: asyncio.Queue = asyncio.Queue()
@@ -273,6 +283,31 @@ class AsyncLLM:
 
     async def get_stats(self) -> dict[str, Any]:
         return await self.client.call_utility("get_stats")
+
+    # ---- LoRA adapters: on every engine core (vLLM's AsyncLLM API) -------------------------------------
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter now (True if it was not loaded); a ValueError naming the folder and the reason if the
+        engine cannot apply it."""
+        self._check_lora(lora_request)
+        return await self.client.call_utility("add_lora", lora_request)
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload an adapter (False if it was not loaded); a ValueError while running requests use it."""
+        return await self.client.call_utility("remove_lora", lora_int_id)
+
+    async def list_loras(self) -> set[int]:
+        return set(await self.client.call_utility("list_loras") or ())
+
+    async def pin_lora(self, lora_int_id: int) -> bool:
+        return await self.client.call_utility("pin_lora", lora_int_id)
+
+    def _check_lora(self, lora_request: LoRARequest) -> None:
+        """LoRA on and a LoRARequest, checked here before the engine core is asked."""
+        if not self.engine_args.enable_lora:
+            raise ValueError("LoRA is not enabled: start the engine with enable_lora=True (--enable-lora)")
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
 
     async def check_health(self) -> None:
         if not self.is_running:

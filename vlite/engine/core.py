@@ -16,6 +16,7 @@ from vlite.core.sched.scheduler import Scheduler
 from vlite.core.sched.stats import SchedulerStats
 from vlite.engine.input_processor import EngineCoreRequest
 from vlite.executor import Executor, ExecutorDeadError
+from vlite.lora.request import LoRARequest
 from vlite.profiler import section
 from vlite.request import FinishReason, Request, RequestStatus
 
@@ -39,7 +40,12 @@ class EngineCore:
             KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
                            sliding_window=loaded.arch.kv_sliding_window) if loaded.arch.is_causal
             else EncoderOnlyKVCacheManager(cache.block_size))  # encoders keep no KV cache
-        self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager, cfg.speculative_config)
+        self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager, cfg.speculative_config,
+                                   cfg.lora_config)
+        self.lora_config = cfg.lora_config
+        # Adapters loaded once without error, by lora_int_id: a request naming one is not checked again (the
+        # runner reloads an evicted one by itself), and an id or name cannot change meaning while it is known.
+        self._loras: dict[int, LoRARequest] = {}
         # Where the model runs (this process, or worker processes): the core talks only to the executor.
         self.executor = Executor.create(loaded, while_loading)
         # The in-process runner with the uni executor (introspection, tests); None with workers.
@@ -76,13 +82,64 @@ class EngineCore:
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             sampling_params=request.sampling_params, eos_token_ids=request.eos_token_ids,
             arrival_time=request.arrival_time, priority=request.priority, pooling_params=request.pooling_params,
-            token_type_ids=request.token_type_ids)
+            token_type_ids=request.token_type_ids, lora_request=request.lora_request)
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
+        if request.lora_request is not None:
+            self.ensure_lora(request.lora_request)  # a bad adapter fails this request now, before any work
         if req.sampling_params.structured_outputs is not None:
             # Compiled on the manager's threads; the request waits in WAITING_FOR_FSM meanwhile.
             self.structured_output_manager.grammar_init(req)
         self.scheduler.add_request(req)
+
+    # ---- LoRA adapters (vLLM's add_lora / remove_lora / list_loras / pin_lora) ------------------------------
+
+    def ensure_lora(self, lora_request: LoRARequest) -> None:
+        """Make sure a request's adapter can run: loaded now if it was never loaded; a ValueError naming the
+        adapter if LoRA is off, the folder is not an adapter vlite can apply, or its id or name means another."""
+        known = self._loras.get(lora_request.lora_int_id)
+        if known is None or not _same_adapter(known, lora_request):
+            self.add_lora(lora_request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter on every rank; True if it was not loaded. Raises ValueError (LoRAAdapterError for a
+        folder vlite cannot apply); the engine goes on."""
+        if self.lora_config is None:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r}: LoRA is not enabled; start the engine with "
+                             f"enable_lora=True (--enable-lora)")
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
+        known = self._loras.get(lora_request.lora_int_id)
+        if known is not None and not _same_adapter(known, lora_request):
+            raise ValueError(f"lora_int_id {lora_request.lora_int_id} is adapter {known.lora_name!r} "
+                             f"({known.lora_path}); remove it before giving the id to {lora_request.lora_name!r} "
+                             f"({lora_request.lora_path})")
+        for other in self._loras.values():
+            if other.lora_name == lora_request.lora_name and other.lora_int_id != lora_request.lora_int_id:
+                raise ValueError(f"LoRA adapter {lora_request.lora_name!r} is loaded with lora_int_id "
+                                 f"{other.lora_int_id}, not {lora_request.lora_int_id}")
+        added = self.executor.add_lora(lora_request)
+        self._loras[lora_request.lora_int_id] = lora_request
+        return added
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload an adapter; False if it was not loaded. Refused (ValueError) while running requests use it:
+        the runner needs its weights for their next steps. Waiting requests naming it keep it: the runner loads
+        it again when they start."""
+        busy = sum(1 for r in self.scheduler.running
+                   if r.lora_request is not None and r.lora_request.lora_int_id == lora_int_id)
+        if busy:
+            raise ValueError(f"LoRA adapter {lora_int_id} is in use by {busy} running request(s); remove it once "
+                             f"they finish")
+        self._loras.pop(lora_int_id, None)
+        return self.executor.remove_lora(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return self.executor.list_loras()
+
+    def pin_lora(self, lora_int_id: int) -> bool:
+        """Keep an adapter loaded (never evicted for another)."""
+        return self.executor.pin_lora(lora_int_id)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
@@ -140,3 +197,7 @@ class EngineCore:
     def shutdown(self) -> None:
         """Stop the executor's workers (none with the uni executor)."""
         self.executor.shutdown()
+
+
+def _same_adapter(a: LoRARequest, b: LoRARequest) -> bool:
+    return (a.lora_name, a.lora_int_id, a.lora_path) == (b.lora_name, b.lora_int_id, b.lora_path)

@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 
 from vlite.config import ParallelConfig
-from vlite.core.sched.stats import SchedulerStats
+from vlite.core.sched.stats import SchedulerStats, sum_scheduler_stats
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.core_messages import (EngineCoreOutputs, EngineCoreRequestType, EngineReady, UtilityCall,
                                         decode_outputs, encode)
@@ -121,7 +121,10 @@ class AsyncMPClient:
         if msg.utility_call_id is not None:
             future = self._pending_utility.pop(msg.utility_call_id, None)
             if future is not None and not future.done():
-                future.set_result(msg.utility_result)
+                if msg.utility_error is not None:  # the caller's error (ValueError) or the engine's
+                    future.set_exception((ValueError if msg.utility_bad_request else RuntimeError)(msg.utility_error))
+                else:
+                    future.set_result(msg.utility_result)
         return msg
 
     def fail_pending_utility(self, error: BaseException) -> None:
@@ -224,14 +227,17 @@ class DPAsyncMPClient:
                 await self.clients[core].abort_requests(ids)
 
     async def call_utility(self, method: str, *args: Any) -> Any:
-        """Every live core's answer, combined: all() of booleans, sums of numbers (KV usage: mean)."""
+        """Every live core's answer, combined: all() of booleans, the stats summed (sum_scheduler_stats), the
+        union of lists (list_loras)."""
         results = await asyncio.gather(*(c.call_utility(method, *args) for i, c in enumerate(self.clients)
                                          if self._alive[i]))
-        if all(isinstance(r, dict) for r in results) and results:
-            out = {k: sum(r[k] for r in results) for k in results[0]}
-            if "kv_cache_usage" in out:
-                out["kv_cache_usage"] /= len(results)
-            return out
+        if method == "get_stats" and results:
+            import msgspec
+            from dataclasses import asdict
+
+            return asdict(sum_scheduler_stats([msgspec.convert(r, SchedulerStats) for r in results]))
+        if results and all(isinstance(r, list) for r in results):
+            return sorted({x for r in results for x in r})
         if all(isinstance(r, bool) for r in results):
             return all(results)
         return results[0] if results else None
@@ -287,7 +293,8 @@ class DPAsyncMPClient:
         last = self._stats[core]
         if last is not None:  # nothing runs there any more; its cumulative counters stay counted
             self._stats[core] = SchedulerStats(0, 0, 0.0, last.num_preemptions, last.prefix_cache_queries,
-                                               last.prefix_cache_hits)
+                                               last.prefix_cache_hits, spec_decoding=last.spec_decoding,
+                                               max_lora=last.max_lora)
         ids = [rid for rid, c in self._owner.items() if c == core]
         for rid in ids:
             self._finish(rid)
@@ -305,15 +312,7 @@ class DPAsyncMPClient:
 
     def _summed_stats(self) -> Optional[SchedulerStats]:
         known = [s for s in self._stats if s is not None]
-        if not known:
-            return None
-        return SchedulerStats(
-            num_running_reqs=sum(s.num_running_reqs for s in known),
-            num_waiting_reqs=sum(s.num_waiting_reqs for s in known),
-            kv_cache_usage=sum(s.kv_cache_usage for s in known) / len(known),
-            num_preemptions=sum(s.num_preemptions for s in known),
-            prefix_cache_queries=sum(s.prefix_cache_queries for s in known),
-            prefix_cache_hits=sum(s.prefix_cache_hits for s in known))
+        return sum_scheduler_stats(known) if known else None
 
     def fail_pending_utility(self, error: BaseException) -> None:
         for c in self.clients:

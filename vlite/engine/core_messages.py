@@ -58,6 +58,10 @@ class EngineCoreOutputs:
     stats: Optional[SchedulerStats] = None
     utility_call_id: Optional[int] = None
     utility_result: Any = None
+    # The utility call raised: its message; `utility_bad_request` where it was the caller's error (a ValueError,
+    # e.g. an adapter folder that is no LoRA adapter), raised as a ValueError again in the API process.
+    utility_error: Optional[str] = None
+    utility_bad_request: bool = False
     ready: Optional[EngineReady] = None
     # A fatal error in the engine core: every in-flight request fails with it.
     engine_error: Optional[str] = None

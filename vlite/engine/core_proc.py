@@ -19,8 +19,9 @@ import zmq
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.core_messages import (EngineCoreOutputs, EngineCoreRequestType, EngineReady, UtilityCall,
                                         decode_request, encode, request_id_of)
+from vlite.core.sched.output import EngineCoreOutput
 from vlite.executor import ExecutorDeadError
-from vlite.request import RequestStatus
+from vlite.request import FinishReason, RequestStatus
 
 logger = logging.getLogger("vlite.engine_core")
 
@@ -28,7 +29,7 @@ _IDLE_POLL_MS = 200
 
 
 class EngineCoreProc:
-    UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
+    UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping", "add_lora", "remove_lora", "list_loras", "pin_lora")
 
     def __init__(self, engine_args: EngineArgs, input_addr: str, output_addr: str) -> None:
         self.ctx = zmq.Context()
@@ -126,12 +127,27 @@ class EngineCoreProc:
         if kind == EngineCoreRequestType.ADD:
             try:
                 core.add_request(msg)
-            except Exception as e:  # e.g. a duplicate id: fail that request alone
+            except ValueError as e:  # the request's own fault (a duplicate id, a bad adapter): a 400, it alone
+                self._send(EngineCoreOutputs(outputs=[EngineCoreOutput(
+                    request_id=msg.request_id, new_token_ids=[], finish_reason=str(FinishReason.ERROR), error=str(e),
+                    bad_request=True)]))
+            except ExecutorDeadError:
+                raise
+            except Exception as e:  # fail that request alone
                 self._send(EngineCoreOutputs(failed_requests={msg.request_id: str(e)}))
         elif kind == EngineCoreRequestType.ABORT:
             core.abort_requests(msg)
         elif kind == EngineCoreRequestType.UTILITY:
-            self._send(EngineCoreOutputs(utility_call_id=msg.call_id, utility_result=self._utility(msg)))
+            try:
+                reply = EngineCoreOutputs(utility_call_id=msg.call_id, utility_result=self._utility(msg))
+            except Exception as e:  # e.g. add_lora of a bad folder: the caller's error; the engine serves on
+                logger.warning("utility call %s failed: %s", msg.method, e)
+                reply = EngineCoreOutputs(utility_call_id=msg.call_id, utility_error=str(e),
+                                          utility_bad_request=isinstance(e, ValueError))
+                if isinstance(e, ExecutorDeadError):
+                    self._send(reply)
+                    raise
+            self._send(reply)
 
     def _utility(self, call: UtilityCall) -> Any:
         core = self.engine_core
@@ -143,6 +159,16 @@ class EngineCoreProc:
             return asdict(core.make_stats())
         if call.method == "ping":
             return True
+        if call.method == "add_lora":
+            import msgspec
+
+            from vlite.lora.request import LoRARequest
+
+            return core.add_lora(msgspec.convert(call.args[0], LoRARequest))
+        if call.method in ("remove_lora", "pin_lora"):
+            return getattr(core, call.method)(int(call.args[0]))
+        if call.method == "list_loras":
+            return sorted(core.list_loras())
         return None
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Union
 
+from vlite.lora.request import LoRARequest
 from vlite.pooling_params import PoolingParams
 from vlite.sampling_params import SamplingParams
 
@@ -28,6 +29,7 @@ class EngineCoreRequest:
     priority: int = 0
     pooling_params: Optional[PoolingParams] = None  # a pooling request (its sampling_params ask for no token)
     token_type_ids: Optional[list[int]] = None  # cross-encoders: 0 for the query's tokens, 1 for the document's
+    lora_request: Optional[LoRARequest] = None  # the adapter it runs under; None: the base model
 
 
 class InputProcessor:
@@ -48,6 +50,8 @@ class InputProcessor:
         self.pooler_config: Any = None
         self.hidden_size = 0
         self._prompt_tokens: Optional[int] = None  # _prompt_length, once
+        # The engine was started with enable_lora (requests may name an adapter).
+        self.enable_lora = False
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):
@@ -65,8 +69,9 @@ class InputProcessor:
         raise ValueError(f"prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                       arrival_time: Optional[float] = None, priority: int = 0
-                       ) -> tuple[Optional[str], EngineCoreRequest]:
+                       arrival_time: Optional[float] = None, priority: int = 0,
+                       lora_request: Optional[LoRARequest] = None) -> tuple[Optional[str], EngineCoreRequest]:
+        self._check_lora(lora_request)
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if self.pooler_config is not None:
@@ -82,7 +87,16 @@ class InputProcessor:
         if params.bad_words:
             params._bad_words_token_ids = self._tokenize_bad_words(params.bad_words)
         return prompt_text, EngineCoreRequest(request_id, token_ids, params, self.eos_token_ids,
-                                              arrival_time or time.time(), priority)
+                                              arrival_time or time.time(), priority, lora_request=lora_request)
+
+    def _check_lora(self, lora_request: Optional[LoRARequest]) -> None:
+        if lora_request is None:
+            return
+        if not self.enable_lora:
+            raise ValueError(f"lora_request {getattr(lora_request, 'lora_name', lora_request)!r} given, but LoRA "
+                             f"is not enabled: start the engine with enable_lora=True (--enable-lora)")
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
 
     def pooling_text(self, prompt: PromptType) -> Optional[str]:
         """The text the tokenizer gets for a plain-text pooling prompt, after sentence-transformers' own steps

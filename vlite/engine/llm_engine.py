@@ -21,6 +21,7 @@ from vlite.engine.input_processor import EngineCoreRequest, InputProcessor, Prom
 from vlite.engine.output_processor import OutputProcessor
 from vlite.engine.parallel_sampling import ParentRequest
 from vlite.executor.start_method import exit_if_bootstrapping
+from vlite.lora.request import LoRARequest
 from vlite.model_loader import load_tokenizer
 from vlite.outputs import RequestOutput
 from vlite.pooling_params import PoolingParams
@@ -71,6 +72,7 @@ class LLMEngine:
         self.pooler_config = loaded.pooler_config
         self.input_processor.pooler_config = loaded.pooler_config
         self.input_processor.hidden_size = loaded.arch.hidden_size
+        self.input_processor.enable_lora = loaded.config.lora_config is not None
         if not loaded.config.scheduler_config.enable_chunked_prefill:
             self.input_processor.max_prompt_tokens = loaded.config.scheduler_config.max_num_batched_tokens
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -87,22 +89,28 @@ class LLMEngine:
         return self.tokenizer
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams | None = None,
-                    arrival_time: Optional[float] = None, priority: int = 0) -> None:
-        """A generation request (SamplingParams), or a pooling one (PoolingParams with its task set)."""
+                    arrival_time: Optional[float] = None, priority: int = 0,
+                    lora_request: Optional[LoRARequest] = None) -> None:
+        """A generation request (SamplingParams), under `lora_request`'s adapter if given, or a pooling one
+        (PoolingParams with its task set)."""
         if request_id in self.output_processor.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if isinstance(params, PoolingParams):
+            if lora_request is not None:
+                raise ValueError("lora_request: LoRA adapters apply to text generation only, not to pooling")
             prompt_text, request = self.input_processor.process_pooling_inputs(
                 request_id, prompt, params, arrival_time, priority)
         else:
             prompt_text, request = self.input_processor.process_inputs(
-                request_id, prompt, params or SamplingParams(), arrival_time, priority)
+                request_id, prompt, params or SamplingParams(), arrival_time, priority, lora_request)
         self._add_processed_request(prompt_text, request)
 
     def _add_processed_request(self, prompt_text: Optional[str], request: EngineCoreRequest) -> None:
         """Register a validated request; n > 1 fans out into n children sharing the prompt."""
         if request.request_id in self._children:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
+        if request.lora_request is not None:
+            self.engine_core.ensure_lora(request.lora_request)  # a bad adapter: a ValueError, nothing registered
         if request.sampling_params.n == 1:
             self._add_child(prompt_text, request, None, 0)
             return
@@ -149,6 +157,22 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
+
+    # ---- LoRA adapters (vLLM's LLMEngine API) ----------------------------------------------------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter now (True if it was not loaded); a ValueError if it cannot be applied."""
+        return self.engine_core.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload an adapter (False if it was not loaded); a ValueError while running requests use it."""
+        return self.engine_core.remove_lora(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return self.engine_core.list_loras()
+
+    def pin_lora(self, lora_int_id: int) -> bool:
+        return self.engine_core.pin_lora(lora_int_id)
 
     def get_metrics(self) -> dict[str, float]:
         """Engine counters and gauges, named as vLLM's Prometheus metrics (without the prefix)."""

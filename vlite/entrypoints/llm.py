@@ -11,12 +11,14 @@ from typing import Any, Optional, Sequence, Union
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.input_processor import PromptType
 from vlite.engine.llm_engine import LLMEngine
+from vlite.lora.request import LoRARequest
 from vlite.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput,
                            ScoringOutput, ScoringRequestOutput)
 from vlite.pooling_params import PoolingParams
 from vlite.sampling_params import RequestOutputKind, SamplingParams
 
 Conversation = list[dict[str, Any]]
+LoRAArg = Union[LoRARequest, Sequence[Optional[LoRARequest]], None]
 
 
 class LLM:
@@ -49,17 +51,30 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 
+    # LoRA adapters (with enable_lora=True); vLLM reaches them as llm.llm_engine.add_lora etc., which work too.
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.llm_engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.llm_engine.remove_lora(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return self.llm_engine.list_loras()
+
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True, priority: Optional[list[int]] = None) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in input order."""
-        return self._run(_as_prompt_list(prompts), sampling_params, use_tqdm, priority)
+                 use_tqdm: bool = True, priority: Optional[list[int]] = None,
+                 lora_request: LoRAArg = None) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in input order. `lora_request`: the adapter of every
+        prompt, or one per prompt (None: the base model)."""
+        return self._run(_as_prompt_list(prompts), sampling_params, use_tqdm, priority, lora_request)
 
     def chat(self, messages: Union[Conversation, list[Conversation]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
              use_tqdm: bool = True, chat_template: Optional[str] = None,
              add_generation_prompt: bool = True, tools: Optional[list[dict[str, Any]]] = None,
-             chat_template_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
+             chat_template_kwargs: Optional[dict[str, Any]] = None,
+             lora_request: LoRAArg = None) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate. `tools` (OpenAI's
         function definitions) are passed to the template as vLLM does; assistant `tool_calls` in the
         history may carry their arguments as a JSON string (OpenAI's shape): the template gets a dict."""
@@ -75,7 +90,7 @@ class LLM:
                                                  add_generation_prompt=add_generation_prompt, **kwargs)
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self._run(prompts, sampling_params, use_tqdm, None)
+        return self._run(prompts, sampling_params, use_tqdm, None, lora_request)
 
     # ---- pooling models (runner="pooling") ------------------------------------------------------------
 
@@ -161,7 +176,7 @@ class LLM:
         return out
 
     def _run(self, prompts: list[PromptType], sampling_params: Any, use_tqdm: bool,
-             priority: Optional[list[int]]) -> list[RequestOutput]:
+             priority: Optional[list[int]], lora_request: LoRAArg = None) -> list[RequestOutput]:
         n = len(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -171,16 +186,24 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * n
         if len(priorities) != n:
             raise ValueError(f"priority has {len(priorities)} entries for {n} prompts")
+        loras = ([lora_request] * n if lora_request is None or isinstance(lora_request, LoRARequest)
+                 else list(lora_request))
+        if len(loras) != n:
+            raise ValueError(f"lora_request has {len(loras)} entries for {n} prompts")
 
         engine = self.llm_engine
         # Validate and tokenize everything before any request starts.
         processed = []
-        for prompt, params, prio in zip(prompts, params_list, priorities):
+        for prompt, params, prio, lora in zip(prompts, params_list, priorities, loras):
             if params.output_kind != RequestOutputKind.FINAL_ONLY:
                 params = params.clone()
                 params.output_kind = RequestOutputKind.FINAL_ONLY
             req_id = str(next(self._request_counter))
-            processed.append(engine.input_processor.process_inputs(req_id, prompt, params, priority=prio))
+            processed.append(engine.input_processor.process_inputs(req_id, prompt, params, priority=prio,
+                                                                   lora_request=lora))
+        distinct = {(x.lora_name, x.lora_int_id, x.lora_path): x for x in loras if x is not None}
+        for lora in distinct.values():  # every adapter loads (or is refused) before any request starts
+            engine.engine_core.ensure_lora(lora)
         return self._add_and_run(processed, use_tqdm)
 
     def _add_and_run(self, processed: list, use_tqdm: bool) -> list:

@@ -5,7 +5,9 @@
     ray  one Ray actor per rank, placed by a placement group on any node of a Ray cluster (ray_executor)
 
 EngineCore calls execute_model(scheduler_output), then sample_tokens(grammar_output), once per step:
-every rank runs the step; the tokens come from rank 0.
+every rank runs the step; the tokens come from rank 0. LoRA adapters (add_lora, remove_lora, list_loras,
+pin_lora) are loaded and dropped on every rank alike; the answer is rank 0's, and an adapter refused (a
+bad folder: the user's error) is raised to the caller without harming the executor.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 if TYPE_CHECKING:
     from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
     from vlite.config import LoadedEngineConfig
+    from vlite.lora.request import LoRARequest
     from vlite.structured_output.manager import GrammarOutput
 
 
@@ -63,6 +66,22 @@ class Executor(ABC):
     @abstractmethod
     def reset(self) -> None:
         """Forget the persistent batch on every rank after a step raised (see ModelRunner.reset)."""
+
+    @abstractmethod
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter (True if it was not loaded); a LoRAAdapterError / ValueError if it cannot be applied."""
+
+    @abstractmethod
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop an adapter (False if it was not loaded)."""
+
+    @abstractmethod
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters loaded."""
+
+    @abstractmethod
+    def pin_lora(self, lora_int_id: int) -> bool:
+        """Keep an adapter loaded, never evicted for another."""
 
     def check_health(self) -> None:
         """Raise ExecutorDeadError if a worker is gone."""
@@ -118,15 +137,52 @@ class WorkerGroupExecutor(Executor):
         self._kill_workers()
         raise ExecutorDeadError(message)
 
-    def _settle(self, replies: Replies) -> list[Any]:
-        """The replies once every rank answered: every rank failing alike fails the step (the group is
-        whole: the engine core fails its requests and goes on); some failing alone end the executor."""
+    @abstractmethod
+    def _call_all(self, method: str, arg: Any = None) -> Replies:
+        """Send one message to every rank; their replies, not yet settled."""
+
+    def _check_answered(self, replies: Replies) -> None:
+        """A rank that did not answer is lost (maybe blocked in a collective): the executor ends."""
         if replies.pending:
             self._fail(f"worker rank(s) {sorted(replies.pending)} did not answer"
                        + (f" after {replies.first_error()}" if replies.errors else ""))
+
+    def _settle(self, replies: Replies) -> list[Any]:
+        """The replies once every rank answered: every rank failing alike fails the step (the group is
+        whole: the engine core fails its requests and goes on); some failing alone end the executor."""
+        self._check_answered(replies)
         if replies.errors:
             first = replies.errors[min(replies.errors)]
             if len(replies.errors) == len(replies.values):
                 raise RuntimeError(first)
             self._fail(f"worker rank(s) {sorted(replies.errors)} failed alone: {first}")
         return replies.values
+
+    # ---- LoRA adapters: every rank alike ---------------------------------------------------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self._lora_call("add_lora", lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self._lora_call("remove_lora", lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora_call("list_loras")
+
+    def pin_lora(self, lora_int_id: int) -> bool:
+        return self._lora_call("pin_lora", lora_int_id)
+
+    def _lora_call(self, method: str, arg: Any = None) -> Any:
+        """Rank 0's answer. A rank's error (each rank sends its exception, see Worker.handle) is raised to the
+        caller: an adapter is the user's input, not a broken group. An add_lora that failed on some ranks
+        only (e.g. a folder one node lacks) is undone on the others, so that every rank holds the same ones."""
+        replies = self._call_all(method, arg)
+        self._check_answered(replies)
+        if not replies.errors:
+            return replies.values[0]
+        if method == "add_lora":
+            loaded = [r for r, v in enumerate(replies.values) if r not in replies.errors and v]
+            if loaded:
+                self._settle(self._call_all("remove_lora", arg.lora_int_id))
+        error = replies.errors[min(replies.errors)]
+        raise error if isinstance(error, Exception) else ValueError(str(error))

@@ -134,6 +134,14 @@ class MultiprocExecutor(WorkerGroupExecutor):
 
     def _collect(self, timeout: Optional[float] = None) -> list[Any]:
         """Every rank's reply; a dead worker, or ranks that disagree on failing, end the executor."""
+        return self._settle(self._replies(timeout))
+
+    def _call_all(self, method: str, arg: Any = None) -> Replies:
+        self._broadcast(method, arg)
+        return self._replies()
+
+    def _replies(self, timeout: Optional[float] = None) -> Replies:
+        """Every rank's reply as it comes (a dead worker ends the executor at once), not yet settled."""
         replies = Replies(self.world_size, timeout)
         by_conn = {id(c): r for r, c in enumerate(self.conns)}
         by_sentinel = {p.sentinel: r for r, p in enumerate(self.procs)}
@@ -153,7 +161,7 @@ class MultiprocExecutor(WorkerGroupExecutor):
                     replies.add(rank, pickle.loads(obj.recv_bytes()))
                 except (EOFError, OSError):
                     self._gone(rank)
-        return self._settle(replies)
+        return replies
 
     def _gone(self, rank: int, first_error: str = "") -> None:
         message = first_error or self._exit_message(rank)

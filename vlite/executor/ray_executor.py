@@ -163,6 +163,13 @@ class RayExecutor(WorkerGroupExecutor):
 
     def _gather(self, refs: list[Any], timeout: Optional[float] = None) -> list[Any]:
         """Every actor's reply as it comes: a dead actor, or ranks that disagree on failing, end the executor."""
+        return self._settle(self._replies(refs, timeout))
+
+    def _call_all(self, method: str, arg: Any = None) -> Replies:
+        return self._replies(self._send(method, arg))
+
+    def _replies(self, refs: list[Any], timeout: Optional[float] = None) -> Replies:
+        """Every actor's reply as it comes (a dead actor ends the executor at once), not yet settled."""
         ray = self.ray
         index = {ref: r for r, ref in enumerate(refs)}
         replies = Replies(len(refs), timeout)
@@ -179,7 +186,7 @@ class RayExecutor(WorkerGroupExecutor):
             except ray.exceptions.RayTaskError as e:
                 reply = ("error", str(e))
             replies.add(rank, reply if isinstance(reply, tuple) else ("ok", reply))
-        return self._settle(replies)
+        return replies
 
     # ---- lifecycle ----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from vlite.worker.model_runner import ModelRunner
 if TYPE_CHECKING:
     from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
     from vlite.config import LoadedEngineConfig
+    from vlite.lora.request import LoRARequest
     from vlite.structured_output.manager import GrammarOutput
 
 
@@ -31,3 +32,15 @@ class UniProcExecutor(Executor):
 
     def reset(self) -> None:
         self.model_runner.reset()
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.model_runner.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.model_runner.remove_lora(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return self.model_runner.list_loras()
+
+    def pin_lora(self, lora_int_id: int) -> bool:
+        return self.model_runner.pin_lora(lora_int_id)

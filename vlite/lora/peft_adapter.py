@@ -40,6 +40,11 @@ class LoRAAdapterError(ValueError):
 
     def __init__(self, path: str | Path, reason: str) -> None:
         super().__init__(f"LoRA adapter {path}: {reason}")
+        self.path, self.reason = path, reason
+
+    def __reduce__(self) -> tuple:
+        """Pickled with its two arguments: a worker process sends it to the engine core as it is."""
+        return (type(self), (self.path, self.reason))
 
 
 @dataclass(frozen=True)

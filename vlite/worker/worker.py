@@ -8,6 +8,9 @@ executor sends: each message is pickled once by the executor and read here as by
     ("execute_model", SchedulerOutput)     no reply (an error is kept for the next sample_tokens)
     ("sample_tokens", GrammarOutput|None)  reply ("ok", ModelRunnerOutput on rank 0 / None) or ("error", text)
     ("reset", None)                        reply ("ok", None)
+    ("add_lora", LoRARequest)              reply ("ok", bool) or ("error", the exception: see _portable)
+    ("remove_lora" | "pin_lora", int)      the same
+    ("list_loras", None)                   reply ("ok", set[int]) or ("error", ...)
     ("shutdown", None)                     exit
 """
 
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vlite.worker")
 
 _PARENT_POLL_S = 0.5
+LORA_METHODS = ("add_lora", "remove_lora", "list_loras", "pin_lora")
 
 
 def load_shard(loaded: LoadedEngineConfig, rank: int, world_size: int) -> LoadedEngineConfig:
@@ -150,12 +154,31 @@ class Worker:
             return ("ok", None)
         if method == "stats":
             return ("ok", self.info())
+        if method in LORA_METHODS:
+            try:
+                fn = getattr(runner, method)
+                return ("ok", fn() if method == "list_loras" else fn(arg))
+            except Exception as e:  # e.g. a bad adapter folder: the caller's error, this rank serves on
+                logger.warning("rank %d: %s refused: %s", self.rank, method, e)
+                return ("error", _portable(e))
         return ("error", f"unknown worker method {method!r}")
 
     def close(self) -> None:
         from vlite.distributed.parallel_state import destroy_tp_group
 
         destroy_tp_group()
+
+
+def _portable(e: Exception) -> Exception:
+    """The exception itself where it survives pickling (the executor raises it to the caller as it is), else
+    a ValueError (for a ValueError) or RuntimeError with its message."""
+    try:
+        copy = pickle.loads(pickle.dumps(e))
+        if type(copy) is type(e) and str(copy) == str(e):
+            return e
+    except Exception:
+        pass
+    return ValueError(str(e)) if isinstance(e, ValueError) else RuntimeError(f"{type(e).__name__}: {e}")
 
 
 def run_worker(rank: int, world_size: int, init_method: str, loaded: LoadedEngineConfig, conn: Connection,

@@ -39,9 +39,25 @@ def sum_scheduler_stats(stats: list[SchedulerStats]) -> SchedulerStats:
         num_preemptions=sum(s.num_preemptions for s in stats),
         prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
         prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
+        spec_decoding=_sum_spec([s.spec_decoding for s in stats if s.spec_decoding is not None]),
         running_lora_adapters=merged([s.running_lora_adapters for s in stats]),
         waiting_lora_adapters=merged([s.waiting_lora_adapters for s in stats]),
         max_lora=max((s.max_lora for s in stats), default=0))
+
+
+def _sum_spec(stats: list[SpecDecodingStats]) -> Optional[SpecDecodingStats]:
+    if not stats:
+        return None
+    out = SpecDecodingStats()
+    for s in stats:
+        out.num_drafts += s.num_drafts
+        out.num_draft_tokens += s.num_draft_tokens
+        out.num_accepted_tokens += s.num_accepted_tokens
+        per_pos = out.num_accepted_tokens_per_pos
+        per_pos.extend([0] * (len(s.num_accepted_tokens_per_pos) - len(per_pos)))
+        for i, n in enumerate(s.num_accepted_tokens_per_pos):
+            per_pos[i] += n
+    return out
 
 
 @dataclass

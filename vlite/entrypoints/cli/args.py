@@ -167,6 +167,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help='speculative decoding, as a JSON object with vLLM\'s keys, e.g. \'{"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
                             "(n-gram prompt lookup; default: off)")
+    group.add_argument("--enable-lora", action="store_true", default=d.enable_lora,
+                       help="serve LoRA adapters: a request may name one (PEFT folders; generation models only)")
+    group.add_argument("--max-loras", type=positive_int, default=d.max_loras, metavar="N",
+                       help="with --enable-lora, most distinct adapters in one step (default: %(default)s)")
+    group.add_argument("--max-lora-rank", type=positive_int, default=d.max_lora_rank, metavar="R",
+                       help="with --enable-lora, the largest adapter rank accepted (default: %(default)s)")
+    group.add_argument("--max-cpu-loras", type=positive_int, default=d.max_cpu_loras, metavar="N",
+                       help="with --enable-lora, adapters kept loaded, least recently used evicted (at least "
+                            "--max-loras; default: --max-loras)")
     group.add_argument("--chat-template", default=d.chat_template, metavar="TEMPLATE",
                        help="a Jinja chat template, as a file path or a literal template string; "
                             "default: the model's own")
