@@ -293,7 +293,7 @@ class AsyncLLM:
         return await self.client.call_utility("add_lora", lora_request)
 
     async def remove_lora(self, lora_int_id: int) -> bool:
-        """Unload an adapter (False if it was not loaded); a ValueError while running requests use it."""
+        """Unload an adapter (False if it was not loaded); a ValueError while unfinished requests use it."""
         return await self.client.call_utility("remove_lora", lora_int_id)
 
     async def list_loras(self) -> set[int]:

@@ -123,14 +123,14 @@ class EngineCore:
         return added
 
     def remove_lora(self, lora_int_id: int) -> bool:
-        """Unload an adapter; False if it was not loaded. Refused (ValueError) while running requests use it:
-        the runner needs its weights for their next steps. Waiting requests naming it keep it: the runner loads
-        it again when they start."""
-        busy = sum(1 for r in self.scheduler.running
+        """Unload an adapter; False if it was not loaded. Refused (ValueError) while unfinished requests use it
+        (running or waiting): the runner would load it again from its folder for their next step (vLLM lets it),
+        which may be gone by then; so once removed, nothing reads it unless a new request names it again."""
+        busy = sum(1 for r in self.scheduler.requests.values()
                    if r.lora_request is not None and r.lora_request.lora_int_id == lora_int_id)
         if busy:
-            raise ValueError(f"LoRA adapter {lora_int_id} is in use by {busy} running request(s); remove it once "
-                             f"they finish")
+            raise ValueError(f"LoRA adapter {lora_int_id} is in use by {busy} unfinished request(s); remove it "
+                             f"once they finish")
         self._loras.pop(lora_int_id, None)
         return self.executor.remove_lora(lora_int_id)
 

@@ -165,7 +165,7 @@ class LLMEngine:
         return self.engine_core.add_lora(lora_request)
 
     def remove_lora(self, lora_int_id: int) -> bool:
-        """Unload an adapter (False if it was not loaded); a ValueError while running requests use it."""
+        """Unload an adapter (False if it was not loaded); a ValueError while unfinished requests use it."""
         return self.engine_core.remove_lora(lora_int_id)
 
     def list_loras(self) -> set[int]:
