@@ -155,3 +155,22 @@ def test_lora_off_refuses_adapters(setup):
     with pytest.raises(ValueError, match="text generation only"):
         EngineArgs(model=str(folder), runner="pooling", enable_lora=True, dtype="float32",
                    kv_cache_memory_bytes=4 * 2**20).create_engine_config()
+
+
+def test_worker_processes_refuse_a_bad_adapter_and_serve_on(setup):
+    """TP=2 (mp executor): the adapter is refused on every rank as LoRAAdapterError, the workers stay up."""
+    _, adapters, folder, root = setup
+    from vlite import LLM
+    from vlite.lora.peft_adapter import LoRAAdapterError
+
+    llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=64, kv_cache_memory_bytes=4 * 2**20,
+              enable_lora=True, max_loras=2, max_lora_rank=8, tensor_parallel_size=2)
+    try:
+        engine = llm.llm_engine
+        with pytest.raises(LoRAAdapterError, match="missing"):
+            engine.add_lora(LoRARequest("bad", 7, str(root / "missing")))
+        assert engine.add_lora(adapters["a"]) is True and engine.list_loras() == {1}
+        out = llm.generate([{"prompt_token_ids": PROMPTS[0]}], _params(), use_tqdm=False, lora_request=adapters["b"])
+        assert len(out[0].outputs[0].token_ids) == 4 and engine.list_loras() == {1, 2}
+    finally:
+        llm.llm_engine.engine_core.shutdown()
