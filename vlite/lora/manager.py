@@ -72,7 +72,7 @@ class LoRAModelManager:
         self.adapters[lora_request.lora_int_id] = (lora_request, adapter)
         logger.info("LoRA adapter %r (id %d) loaded: rank %d, %d modules, %.1f MB", lora_request.lora_name,
                     lora_request.lora_int_id, adapter.rank, len(adapter.modules), adapter.num_bytes() / 1e6)
-        self._evict()
+        self._evict(keep=lora_request.lora_int_id)
         return True
 
     def remove_lora(self, lora_int_id: int) -> bool:
@@ -93,12 +93,13 @@ class LoRAModelManager:
     def list_loras(self) -> set[int]:
         return set(self.adapters)
 
-    def _evict(self) -> None:
-        """Down to max_cpu_loras adapters, least recently used first, sparing pinned ones and the last step's."""
+    def _evict(self, keep: int) -> None:
+        """Down to max_cpu_loras adapters, least recently used first, sparing `keep` (the one just loaded), pinned
+        ones and the last step's (so a step's adapters may briefly exceed the limit)."""
         for lora_id in list(self.adapters):
             if len(self.adapters) <= self.config.cpu_loras:
                 return
-            if lora_id not in self.pinned and lora_id not in self._active:
+            if lora_id != keep and lora_id not in self.pinned and lora_id not in self._active:
                 self.remove_lora(lora_id)
 
     # ---- the step ------------------------------------------------------------------------
