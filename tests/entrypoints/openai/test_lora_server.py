@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from vlite.entrypoints.openai.api_server import EngineHolder, build_app
+from vlite.entrypoints.openai.serving_engine import OpenAIError
 from vlite.entrypoints.openai.serving_models import LoRAModulePath, OpenAIServingModels
 from vlite.lora.peft_adapter import LoRAAdapterError
 from vlite.lora.request import LoRARequest
@@ -299,5 +300,23 @@ def test_bad_static_adapter_fails_start_up_naming_it(tmp_path):
         with pytest.raises(ValueError, match=r"--lora-modules: Failed to load LoRA adapter 'bad': .*nowhere.*"
                                              r"adapter_config\.json"):
             await models.init_static_loras()
+
+    run(main())
+
+
+def test_engine_refusal_without_the_path_still_names_it(tmp_path):
+    class NoLoRAEngine(FakeEngine):
+        async def add_lora(self, lora: LoRARequest) -> bool:
+            raise ValueError("LoRA is not enabled: start the engine with --enable-lora")
+
+    async def main() -> None:
+        models = OpenAIServingModels(NoLoRAEngine(), [BASE])
+        path = adapter_dir(tmp_path, "a")
+        with pytest.raises(OpenAIError) as exc:
+            await models.load_lora_adapter("a", path)
+        assert exc.value.status == 400 and exc.value.param == "lora_path"
+        assert exc.value.message == f"Failed to load LoRA adapter 'a' (from {path}): LoRA is not enabled: start " \
+                                    "the engine with --enable-lora"
+        assert models.lora_requests == {}
 
     run(main())

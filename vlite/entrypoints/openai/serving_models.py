@@ -171,7 +171,9 @@ class OpenAIServingModels:
             except (EngineDeadError, asyncio.CancelledError):
                 raise
             except Exception as e:  # LoRAAdapterError, a missing folder, LoRA not enabled: the request's problem
-                raise OpenAIError(f"Failed to load LoRA adapter '{lora_name}': {e}", 400, "lora_path") from None
+                where = "" if lora_path in str(e) else f" (from {lora_path})"
+                raise OpenAIError(f"Failed to load LoRA adapter '{lora_name}'{where}: {e}", 400,
+                                  "lora_path") from None
             self.lora_requests[lora_name] = lora
             self._parents[lora_name] = base_model_name or self.served_model_names[0]
         logger.info("loaded LoRA adapter %r (id %d) from %s", lora_name, lora.lora_int_id, lora_path)
