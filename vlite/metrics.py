@@ -54,6 +54,8 @@ class PrometheusStatLogger:
         self.spec_accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                              "Draft tokens accepted, by position in the draft.",
                                              labels + ["position"], registry=r)
+        # vLLM's vllm:lora_requests_info, created with the first stats of an engine with LoRA on (max_lora > 0).
+        self.lora_info: Optional[Gauge] = None
         self.model_name = model_name
         self._last: Optional[SchedulerStats] = None
         for m in (self.num_running, self.num_waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
@@ -72,6 +74,8 @@ class PrometheusStatLogger:
             self.preemptions.labels(name).inc(stats.num_preemptions - (last.num_preemptions if last else 0))
             if stats.spec_decoding is not None:
                 self._log_spec_decoding(stats.spec_decoding, last.spec_decoding if last else None)
+            if stats.max_lora > 0:
+                self._log_lora(stats)
             self._last = stats
         if it is not None:
             self.generation_tokens.labels(name).inc(it.num_generation_tokens)
@@ -85,6 +89,16 @@ class PrometheusStatLogger:
                 self.e2e.labels(name).observe(f.e2e_latency)
                 if f.queue_time is not None:
                     self.queue_time.labels(name).observe(f.queue_time)
+
+    def _log_lora(self, stats: SchedulerStats) -> None:
+        """vLLM's LoRA info gauge: the adapters with running and with waiting requests (comma-separated names) and
+        max_lora as labels, the time of the update as its value; dashboards read the latest series."""
+        if self.lora_info is None:
+            self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+                                   ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                                   registry=self.registry)
+        self.lora_info.labels(str(stats.max_lora), ",".join(stats.waiting_lora_adapters),
+                              ",".join(stats.running_lora_adapters)).set_to_current_time()
 
     def _log_spec_decoding(self, spec: SpecDecodingStats, last: Optional[SpecDecodingStats]) -> None:
         name = self.model_name

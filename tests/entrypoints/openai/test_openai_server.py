@@ -291,6 +291,6 @@ def test_serve_help_documents_every_flag():
                  "--max-num-batched-tokens", "--block-size", "--kv-cache-memory", "--dtype", "--seed",
                  "--enable-prefix-caching", "--no-enable-prefix-caching", "--scheduling-policy", "--chat-template",
                  "--uvicorn-log-level", "--max-request-body-bytes", "--quantization", "--tool-call-parser",
-                 "--enable-auto-tool-choice"):
+                 "--enable-auto-tool-choice", "--lora-modules"):
         assert flag in out, flag
 

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import Any, Optional, Sequence
 
 from vlite.entrypoints.cli.args import (add_common_args, add_engine_args, engine_args_from_cli, non_negative_int,
                                         parse_size, positive_int)
 from vlite.entrypoints.cli.engine import configure_quiet
+
+
+class LoRAModulesAction(argparse.Action):
+    """--lora-modules: each value `name=path` or vLLM's JSON object; a malformed one is argparse's usage error
+    naming the flag (checked without loading anything)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Optional[Sequence[str] | str], option_string: Optional[str] = None) -> None:
+        from vlite.entrypoints.openai.serving_models import parse_lora_modules
+
+        items = [values] if isinstance(values, str) else list(values or [])
+        try:
+            modules = parse_lora_modules(items)
+        except ValueError as e:
+            parser.error(f"argument {option_string or '--lora-modules'}: {e}")
+        setattr(namespace, self.dest, modules)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -46,6 +62,12 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--enable-auto-tool-choice", action="store_true", default=False,
                         help='allow tool_choice "auto" (the default when a request has tools): the model decides '
                              "whether to call, its output read with --tool-call-parser")
+    parser.add_argument("--lora-modules", nargs="+", action=LoRAModulesAction, default=None, metavar="LORA",
+                        help="LoRA adapters (PEFT folders) to serve as models of their own, loaded at start-up; "
+                             "needs --enable-lora. Each `name=path` or a JSON object "
+                             "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'. Requests pick one with "
+                             "`model: name`; with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, /v1/load_lora_adapter and "
+                             "/v1/unload_lora_adapter add and remove them at runtime")
     add_common_args(parser)
     add_engine_args(parser)
     parser.set_defaults(handler=run_serve)
@@ -58,10 +80,13 @@ def run_serve(ns: argparse.Namespace) -> int:
         if ns.model is not None and ns.model != ns.model_tag:
             raise ValueError(f"model given twice: {ns.model_tag!r} and --model {ns.model!r}")
         ns.model = ns.model_tag
+    if ns.lora_modules and not ns.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora (the engine runs LoRA adapters only with it on)")
     configure_quiet(ns.verbose)
     logging.getLogger("vlite").setLevel(logging.INFO if ns.verbose else logging.WARNING)
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(levelname)s %(message)s")
     return run_server(engine_args_from_cli(ns), ns.host, ns.port, ns.served_model_name, ns.api_key,
                       ns.uvicorn_log_level, ns.max_request_body_bytes, ns.max_waiting_requests, ns.log_prompts,
-                      ns.trust_request_chat_template, ns.tool_call_parser, ns.enable_auto_tool_choice)
+                      ns.trust_request_chat_template, ns.tool_call_parser, ns.enable_auto_tool_choice,
+                      ns.lora_modules)

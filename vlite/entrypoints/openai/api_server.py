@@ -3,7 +3,8 @@
 The API process handles HTTP, tokenization and detokenization; the engine core runs in a child
 process. Routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /metrics,
 /tokenize, /detokenize; a pooling model's /v1/embeddings, /pooling, /score, /rerank (serving_embedding.py,
-serving_score.py).
+serving_score.py); LoRA adapters as models, and with VLLM_ALLOW_RUNTIME_LORA_UPDATING /v1/load_lora_adapter and
+/v1/unload_lora_adapter (serving_models.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional
@@ -36,6 +36,8 @@ from vlite.entrypoints.openai.serving_chat import OpenAIServingChat
 from vlite.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vlite.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from vlite.entrypoints.openai.serving_engine import OpenAIError, new_tokenizer_pool
+from vlite.entrypoints.openai.serving_models import (LoRAModulePath, OpenAIServingModels, add_lora_routes,
+                                                     check_lora_modules, runtime_lora_updating_allowed)
 from vlite.entrypoints.openai.serving_score import OpenAIServingScore
 
 logger = logging.getLogger("vlite")
@@ -82,20 +84,25 @@ class EngineHolder:
         self.chat: Optional[OpenAIServingChat] = None
         self.embedding: Optional[OpenAIServingEmbedding] = None  # the pooling routes
         self.score: Optional[OpenAIServingScore] = None
+        self.models: Optional[OpenAIServingModels] = None  # base model names and LoRA adapters
         self.served_model_names = served_model_names or []
         self.load_error: Optional[str] = None
         if engine is not None:
             self.set(engine)
 
     def set(self, engine: AsyncLLM, log_prompts: bool = False, trust_request_chat_template: bool = False,
-            tool_call_parser: Optional[str] = None, enable_auto_tool_choice: bool = False) -> None:
+            tool_call_parser: Optional[str] = None, enable_auto_tool_choice: bool = False,
+            models: Optional[OpenAIServingModels] = None) -> None:
+        """`models`: the registry with the --lora-modules adapters already loaded; default: the base model only."""
         pool = new_tokenizer_pool()  # one tokenizer thread for all handlers
-        self.engine = engine
-        self.completion = OpenAIServingCompletion(engine, self.served_model_names, log_prompts, pool)
-        self.chat = OpenAIServingChat(engine, self.served_model_names, log_prompts, trust_request_chat_template,
-                                      tool_call_parser, enable_auto_tool_choice, pool)
-        self.embedding = OpenAIServingEmbedding(engine, self.served_model_names, log_prompts, pool)
-        self.score = OpenAIServingScore(engine, self.served_model_names, log_prompts, pool)
+        models = models or OpenAIServingModels(engine, self.served_model_names)
+        self.models = models
+        self.completion = OpenAIServingCompletion(engine, models, log_prompts, pool)
+        self.chat = OpenAIServingChat(engine, models, log_prompts, trust_request_chat_template, tool_call_parser,
+                                      enable_auto_tool_choice, pool)
+        self.embedding = OpenAIServingEmbedding(engine, models, log_prompts, pool)
+        self.score = OpenAIServingScore(engine, models, log_prompts, pool)
+        self.engine = engine  # last: the routes take a set engine to mean the handlers are there
 
     @property
     def is_ready(self) -> bool:
@@ -111,12 +118,13 @@ class EngineHolder:
 
 def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_body_bytes: int = 4 * 2**20,
               stat_logger: Any = None, lifespan: Optional[Callable] = None,
-              max_pending_requests: Optional[int] = None) -> FastAPI:
+              max_pending_requests: Optional[int] = None,
+              allow_runtime_lora_updating: Optional[bool] = None) -> FastAPI:
+    """`allow_runtime_lora_updating`: add the LoRA load/unload routes; default: VLLM_ALLOW_RUNTIME_LORA_UPDATING."""
     from vlite import __version__
 
     app = FastAPI(title="vlite", version=__version__, lifespan=lifespan)
     app.state.holder = holder
-    served_model_names = holder.served_model_names
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -222,13 +230,18 @@ def build_app(holder: EngineHolder, api_key: Optional[str] = None, max_request_b
         body = generate_latest(stat_logger.registry) if stat_logger is not None else b""
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    def models() -> OpenAIServingModels:
+        holder.require()
+        assert holder.models is not None  # set with the engine
+        return holder.models
+
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def list_models() -> dict[str, Any]:
         engine, _, _ = holder.require()
-        created = int(time.time())
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "vlite", "root": engine.model_name,
-             "parent": None, "max_model_len": engine.max_model_len} for name in served_model_names]}
+        return models().show_available_models(engine.model_name, engine.max_model_len)
+
+    if runtime_lora_updating_allowed() if allow_runtime_lora_updating is None else allow_runtime_lora_updating:
+        add_lora_routes(app, models)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
@@ -332,8 +345,10 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
                api_key: Optional[str], uvicorn_log_level: str = "info",
                max_request_body_bytes: int = 4 * 2**20, max_waiting_requests: int = 1024,
                log_prompts: bool = False, trust_request_chat_template: bool = False,
-               tool_call_parser: Optional[str] = None, enable_auto_tool_choice: bool = False) -> int:
-    """Listen at once (answering 503 while the model loads); exit non-zero if the engine dies."""
+               tool_call_parser: Optional[str] = None, enable_auto_tool_choice: bool = False,
+               lora_modules: Optional[list[LoRAModulePath]] = None) -> int:
+    """Listen at once (answering 503 while the model loads, and its --lora-modules adapters); exit non-zero if
+    the engine dies, or fails to start or to load an adapter."""
     import uvicorn
 
     from vlite.entrypoints.openai.tool_parsers import ToolParserManager
@@ -349,6 +364,7 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
     _Server = _make_server_class()
     api_key = api_key or os.environ.get("VLITE_API_KEY") or None
     names = served_model_name or [engine_args.model or Path(resolve_model(None).name).stem]
+    check_lora_modules(lora_modules or [], names)  # before the model loads
     stat_logger = PrometheusStatLogger(names[0])
     holder = EngineHolder(served_model_names=names)
     failed = False
@@ -375,7 +391,17 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
                 logger.error("vlite: the engine failed to start: %s", e)
                 failed, server.should_exit = True, True
                 return
-            holder.set(engine, log_prompts, trust_request_chat_template, tool_call_parser, enable_auto_tool_choice)
+            models = OpenAIServingModels(engine, names, lora_modules)
+            try:
+                await models.init_static_loras()
+            except ValueError as e:
+                holder.load_error = str(e)
+                logger.error("vlite: %s", e)
+                engine.shutdown()
+                failed, server.should_exit = True, True
+                return
+            holder.set(engine, log_prompts, trust_request_chat_template, tool_call_parser, enable_auto_tool_choice,
+                       models)
             logger.warning("vlite: serving %s at http://%s:%d (API pid %d, engine core pid %s); try:\n"
                            "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' "
                            "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",

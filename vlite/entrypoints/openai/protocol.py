@@ -264,6 +264,18 @@ class DetokenizeRequest(OpenAIBaseModel):
     tokens: list[int]
 
 
+
+# ---- runtime LoRA adapters (vLLM's /v1/load_lora_adapter, /v1/unload_lora_adapter) -----------------------
+
+class LoadLoRAAdapterRequest(OpenAIBaseModel):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(OpenAIBaseModel):
+    lora_name: Optional[str] = None  # vLLM requires it; the adapter's lora_int_id alone also names it here
+    lora_int_id: Optional[int] = None
+
 # ---- pooling routes: OpenAI's /v1/embeddings, vLLM's /pooling, /score and /rerank --------------------------
 
 MAX_POOLING_INPUTS = 2048  # OpenAI's limit on an embeddings request's inputs; /score and /rerank's texts too

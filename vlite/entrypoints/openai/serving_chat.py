@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from vlite.engine.async_llm import AsyncLLM
 from vlite.entrypoints.openai.protocol import ChatCompletionRequest
+from vlite.entrypoints.openai.serving_models import OpenAIServingModels
 from vlite.entrypoints.openai.serving_engine import (ChoiceState, OpenAIError, OpenAIServing, Prepared, Usage,
                                                      finite_logprob)
 from vlite.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
@@ -33,10 +34,10 @@ class _Tools:
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str], log_prompts: bool = False,
+    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, log_prompts: bool = False,
                  trust_request_chat_template: bool = False, tool_call_parser: Optional[str] = None,
                  enable_auto_tool_choice: bool = False, tokenizer_pool: Optional[ThreadPoolExecutor] = None) -> None:
-        super().__init__(engine, served_model_names, log_prompts, tokenizer_pool)
+        super().__init__(engine, models, log_prompts, tokenizer_pool)
         # Tool calls of tool_choice "auto" are read by the parser named with --tool-call-parser, and only
         # with --enable-auto-tool-choice (vLLM's rule: the operator says the model can choose to call).
         self.tool_parser_cls = ToolParserManager.get_tool_parser(tool_call_parser) if tool_call_parser else None
@@ -84,7 +85,7 @@ class OpenAIServingChat(OpenAIServing):
         return text, self.tokenizer.encode(text, add_special_tokens=False)
 
     async def create_chat_completion(self, request: ChatCompletionRequest) -> Any:
-        model = self.check_model(request.model)
+        model, lora_request = self.resolve_model(request.model)
         if request.chat_template is not None and not self.trust_request_chat_template:
             raise OpenAIError("chat_template in a request is disabled on this server; start it with "
                               "--trust-request-chat-template to allow it", 400, "chat_template")
@@ -96,7 +97,7 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None \
             else request.max_tokens
         try:
-            prepared = [self._prepare(text, ids, request, base_id, max_tokens, "messages")]
+            prepared = [self._prepare(text, ids, request, base_id, max_tokens, "messages", lora_request=lora_request)]
         except OpenAIError as e:
             if tools is not None and tools.choice != "auto" and e.message.startswith("structured_outputs"):
                 # The schema built from the tools' parameters (tool_choice required / named) is invalid.

@@ -14,15 +14,15 @@ from vlite.outputs import CompletionOutput, Logprob, RequestOutput
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: CompletionRequest) -> Any:
-        model = self.check_model(request.model)
+        model, lora_request = self.resolve_model(request.model)
         if request.suffix is not None:
             raise OpenAIError("suffix is not supported", 400, "suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError("best_of is not supported (it must equal n)", 400, "best_of")
         prompts = await self.run_tokenizer(self._completion_prompts, request.prompt)
         base_id = f"cmpl-{uuid.uuid4().hex}"
-        prepared = [self._prepare(text, ids, request, f"{base_id}-{i}", request.max_tokens, "prompt", request.echo)
-                    for i, (text, ids) in enumerate(prompts)]
+        prepared = [self._prepare(text, ids, request, f"{base_id}-{i}", request.max_tokens, "prompt", request.echo,
+                                  lora_request) for i, (text, ids) in enumerate(prompts)]
         echo = await self.run_tokenizer(self._echo_texts, prompts, prepared) if request.echo else None
         if request.stream:
             await self._start_constrained(prepared)

@@ -27,7 +27,10 @@ class OpenAIServingPooling(OpenAIServing):
     """The pooling routes' base: the runner check, the pooling parameters, inputs checked up front."""
 
     def check_pooling(self, model: Optional[str]) -> str:
-        name = self.check_model(model)
+        name, lora_request = self.resolve_model(model)
+        if lora_request is not None:
+            raise OpenAIError(f"`{name}` is a LoRA adapter: adapters serve generation (/v1/completions, "
+                              "/v1/chat/completions), not embeddings or scores; name the base model", 400, "model")
         self.check_runner("pooling")
         return name
 

@@ -9,13 +9,17 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional, TypeVar
 
 from vlite.engine.async_llm import AsyncLLM, EngineBadRequestError
 from vlite.entrypoints.openai.protocol import StreamOptions
 from vlite.entrypoints.openai.structured_outputs import constraint_field
 from vlite.entrypoints.openai.tool_parsers import ToolParser
+from vlite.lora.request import LoRARequest
 from vlite.outputs import Logprob, RequestOutput
+
+if TYPE_CHECKING:
+    from vlite.entrypoints.openai.serving_models import OpenAIServingModels
 
 T = TypeVar("T")
 
@@ -96,11 +100,11 @@ def new_tokenizer_pool() -> ThreadPoolExecutor:
 class OpenAIServing:
     """The base of the completions and chat handlers (vLLM's OpenAIServing)."""
 
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str], log_prompts: bool = False,
+    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, log_prompts: bool = False,
                  tokenizer_pool: Optional[ThreadPoolExecutor] = None) -> None:
         self.engine = engine
         self.log_prompts = log_prompts
-        self.served_model_names = served_model_names
+        self.models = models  # the base model's names and the LoRA adapters: what `model` may name
         self.tokenizer = engine.tokenizer
         self.tokenizer_pool = tokenizer_pool or new_tokenizer_pool()
 
@@ -109,9 +113,12 @@ class OpenAIServing:
         return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, fn, *args)
 
     def check_model(self, model: Optional[str]) -> str:
-        if model is None or model in self.served_model_names:
-            return self.served_model_names[0]
-        raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
+        """The name a response echoes for `model`: a served name or an adapter's; else vLLM's 404."""
+        return self.models.resolve(model)[0]
+
+    def resolve_model(self, model: Optional[str]) -> tuple[str, Optional[LoRARequest]]:
+        """check_model's name and the LoRA adapter the request runs under (None: the base model)."""
+        return self.models.resolve(model)
 
     def check_runner(self, runner: str) -> None:
         """A 400 naming the model's runner where a route needs the other one (generation vs pooling)."""
@@ -124,7 +131,8 @@ class OpenAIServing:
                           "/score, /rerank): it does not generate text", 400, "model")
 
     def _prepare(self, prompt_text: Optional[str], token_ids: list[int], request: Any, request_id: str,
-                 max_tokens: Optional[int], field_name: str, echo: bool = False) -> Prepared:
+                 max_tokens: Optional[int], field_name: str, echo: bool = False,
+                 lora_request: Optional[LoRARequest] = None) -> Prepared:
         if request.truncate_prompt_tokens is not None:
             token_ids = token_ids[-request.truncate_prompt_tokens:]
         if self.log_prompts:
@@ -148,7 +156,8 @@ class OpenAIServing:
         try:
             params = request.to_sampling_params(max_tokens)
             engine_input = self.engine.process_inputs(
-                request_id, {"prompt": prompt_text, "prompt_token_ids": token_ids}, params, request.priority)
+                request_id, {"prompt": prompt_text, "prompt_token_ids": token_ids}, params, request.priority,
+                lora_request=lora_request)
         except ValueError as e:
             raise OpenAIError(str(e), 400, _field_of(str(e))) from None
         return Prepared(prompt_text, token_ids, request_id, engine_input, constraint_field(request))
