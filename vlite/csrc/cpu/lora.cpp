@@ -7,8 +7,9 @@
 // The rows are grouped by slot once per step (LoRAMapping, shared by every layer), so a slot's a and
 // b_t are read from memory once for all its rows and reused from cache. Each call runs in two phases,
 // both split into independent tasks: the shrink over blocks of a's rows, then the expand over blocks
-// of output columns, each task for all the rows of one slot. Deltas are summed in float32 and added to
-// out with one rounding. The adapters' tensors are referenced, never copied.
+// of output columns, each task for all the rows of one slot (a slot of one row, a decode: b_t read row
+// by row). Deltas are summed in float32 and added to out with one rounding. The adapters' tensors are
+// referenced, never copied.
 //
 // Included into bindings.cpp before decode_layer.cpp (whose fused layer applies LoRALinear).
 #include <ATen/ATen.h>
@@ -83,10 +84,47 @@ constexpr int kI = 3, kM = 2, kV = 2;  // a Vec16 is 2 of 16 ymm registers
 constexpr int kI = 2, kM = 2, kV = 2;
 #endif
 static_assert(kI * kM <= 16, "one reduce16 sums a shrink block");
-constexpr int64_t kColumns = 16 * kV * 4;  // output columns per expand task
-// Below this many multiply-adds a call runs on the calling thread: a decode row of a small model's
-// projection (~40-70 K) takes a few microseconds, about what waking the other threads costs.
+constexpr int64_t kColumns = 16 * kV;  // output columns per expand task: one register block
+// A slot of one row reads b_t row by row instead (expand_row), in tasks of this many columns, kRowV
+// vectors of accumulators at a time: a register block's columns read 64-128 bytes of each of r rows
+// far apart, which memory serves slowly.
+constexpr int64_t kRowColumns = 256;
+#if defined(VLITE_AVX512)
+constexpr int kRowV = 16;
+#elif defined(VLITE_AVX2)
+constexpr int kRowV = 6;
+#else
+constexpr int kRowV = 4;
+#endif
+// A task asks for the weights of the task this many after it (one streams too close behind)
+constexpr int64_t kPrefetchTasks = 2;
+// Below this many multiply-adds a call runs on the calling thread: a decode row's projection (SmolLM2,
+// rank 16: 18-67 K) takes 1-3 us, and two threads gained at most a few % of a fused decode step while
+// a busy machine (other processes on the cores) made their parallel regions stall for milliseconds.
+// 32 rows over 3 slots on two threads: 3.0 -> 1.9 ms a step (rank 8, bf16).
 constexpr int64_t kParallelWork = 1 << 18;
+
+// A later task's weights asked for from memory while this one computes: `rows` runs of `row_lines`
+// cache lines `stride` bytes apart, spread evenly over `steps` calls of step() (no division in the
+// loop). A decode row reads each weight once, in streams of a few KB the hardware prefetcher barely
+// starts on: 30 layers' rank-16 bf16 adapter out of cache, 1.3-1.45 -> ~1.0 ms a step on one core.
+struct Prefetch {
+  const char* row = nullptr;
+  int64_t row_lines = 1, stride = 0, lines = 0, steps = 1, budget = 0, col = 0;
+  void start(int64_t steps_) { steps = std::max<int64_t>(1, steps_); }
+  inline void step() {
+    for (budget += lines; budget >= steps; budget -= steps) {
+      if (col == row_lines) {
+        col = 0;
+        row += stride;
+      }
+#if defined(__GNUC__)
+      __builtin_prefetch(row + 64 * col, 0, 2);
+#endif
+      ++col;
+    }
+  }
+};
 
 // f(integral_constant<int, v>) for a run-time 1 <= v <= N: block sizes as template arguments keep
 // the accumulators in registers
@@ -101,8 +139,9 @@ static inline void with_count(int64_t v, F&& f) {
 // h[m * r + i0 + i] = a[i0 + i] . x[rows[m]] for the ib a rows at `a` and the M rows of the group
 template <typename TW, typename TX>
 static void shrink(const TW* a, int64_t K, int64_t ib, const TX* x, int64_t x_stride, const int64_t* rows,
-                   int64_t M, float* h, int64_t r, int64_t i0) {
+                   int64_t M, float* h, int64_t r, int64_t i0, Prefetch& pf) {
   const int64_t K16 = K / 16 * 16;
+  pf.start((M + kM - 1) / kM * (K16 / 16));
   alignas(64) float lanes[16 * 16] = {};
   alignas(64) float sums[16];
   for (int64_t m0 = 0; m0 < M; m0 += kM) {
@@ -116,6 +155,7 @@ static void shrink(const TW* a, int64_t K, int64_t ib, const TX* x, int64_t x_st
         for (int m = 0; m < NM; ++m)
           for (int i = 0; i < NI; ++i) acc[m][i] = Vec16::zero();
         for (int64_t k = 0; k < K16; k += 16) {
+          pf.step();
           Vec16 av[NI];
           for (int i = 0; i < NI; ++i) av[i] = Vec16::load(a + i * K + k);
           for (int m = 0; m < NM; ++m) {
@@ -140,8 +180,9 @@ static void shrink(const TW* a, int64_t K, int64_t ib, const TX* x, int64_t x_st
 // out[rows[m], c0:c0 + cb] += h[m] @ b_t[:, c0:c0 + cb] (out already at the module's offset)
 template <typename TW, typename TO>
 static void expand(const TW* b, int64_t n, int64_t r, int64_t c0, int64_t cb, const float* h, TO* out,
-                   int64_t out_stride, const int64_t* rows, int64_t M) {
+                   int64_t out_stride, const int64_t* rows, int64_t M, Prefetch& pf) {
   const int64_t vecs = cb / 16;
+  pf.start((M + kM - 1) / kM * ((vecs + kV - 1) / kV) * r);
   for (int64_t m0 = 0; m0 < M; m0 += kM) {
     const int64_t mb = std::min<int64_t>(kM, M - m0);
     TO* os[kM];
@@ -156,6 +197,7 @@ static void expand(const TW* b, int64_t n, int64_t r, int64_t c0, int64_t cb, co
           for (int m = 0; m < NM; ++m)
             for (int v = 0; v < NV; ++v) acc[m][v] = Vec16::zero();
           for (int64_t i = 0; i < r; ++i) {
+            pf.step();
             Vec16 bv[NV];
             for (int v = 0; v < NV; ++v) bv[v] = Vec16::load(b + i * n + c + 16 * v);
             for (int m = 0; m < NM; ++m) {
@@ -174,6 +216,33 @@ static void expand(const TW* b, int64_t n, int64_t r, int64_t c0, int64_t cb, co
         for (int64_t i = 0; i < r; ++i) s += hm[m * r + i] * to_float(b[i * n + col]);
         os[m][col] = static_cast<TO>(to_float(os[m][col]) + s);
       }
+  }
+}
+
+// out[c0:c0 + cb] += h @ b_t[:, c0:c0 + cb] for one row: b_t read row by row, runs of kRowV vectors
+template <typename TW, typename TO>
+static void expand_row(const TW* b, int64_t n, int64_t r, int64_t c0, int64_t cb, const float* h, TO* out,
+                       Prefetch& pf) {
+  const int64_t vecs = cb / 16;
+  pf.start((vecs + kRowV - 1) / kRowV * r);
+  for (int64_t v0 = 0; v0 < vecs; v0 += kRowV) {
+    const int64_t c = c0 + 16 * v0;
+    with_count<kRowV>(std::min<int64_t>(kRowV, vecs - v0), [&](auto VB) {
+      constexpr int NV = decltype(VB)::value;
+      Vec16 acc[NV];
+      for (int v = 0; v < NV; ++v) acc[v] = Vec16::zero();
+      for (int64_t i = 0; i < r; ++i) {
+        pf.step();
+        const Vec16 hv = Vec16::set1(h[i]);
+        for (int v = 0; v < NV; ++v) acc[v] = fmadd(hv, Vec16::load(b + i * n + c + 16 * v), acc[v]);
+      }
+      for (int v = 0; v < NV; ++v) store16(out + c + 16 * v, Vec16::load(out + c + 16 * v) + acc[v]);
+    });
+  }
+  for (int64_t col = c0 + 16 * vecs; col < c0 + cb; ++col) {  // the last n % 16 columns
+    float s = 0.f;
+    for (int64_t i = 0; i < r; ++i) s += h[i] * to_float(b[i * n + col]);
+    out[col] = static_cast<TO>(to_float(out[col]) + s);
   }
 }
 
@@ -278,8 +347,9 @@ struct LoRALinear {
         const LoRAModule& mod = mods[j];
         for (int64_t i = 0; i < mod.rank; i += lora::kI)
           shrinks.push_back({(int32_t)g, (int32_t)j, i, std::min<int64_t>(lora::kI, mod.rank - i), h_size});
-        for (int64_t c = 0; c < mod.n; c += lora::kColumns)
-          expands.push_back({(int32_t)g, (int32_t)j, c, std::min<int64_t>(lora::kColumns, mod.n - c), h_size});
+        const int64_t columns = M == 1 ? lora::kRowColumns : lora::kColumns;
+        for (int64_t c = 0; c < mod.n; c += columns)
+          expands.push_back({(int32_t)g, (int32_t)j, c, std::min<int64_t>(columns, mod.n - c), h_size});
         h_size += M * mod.rank;
         work += M * mod.rank * (K + mod.n);
       }
@@ -290,6 +360,7 @@ struct LoRALinear {
     const Task* shrink_tasks = shrinks.data();
     const Task* expand_tasks = expands.data();
 
+    constexpr int64_t dist = lora::kPrefetchTasks;
     const auto run_shrinks = [&](int64_t begin, int64_t end) {
       lora::with_type(x.scalar_type(), [&](auto* tx) {
         using TX = std::remove_pointer_t<decltype(tx)>;
@@ -298,10 +369,17 @@ struct LoRALinear {
           const Task& task = shrink_tasks[t];
           const auto& grp = map.groups[task.group];
           const LoRAModule& mod = slots[grp.slot][task.module];
+          lora::Prefetch pf;
+          if (t + dist < end) {  // a later task's rows of a: contiguous
+            const Task& next = shrink_tasks[t + dist];
+            const at::Tensor& a = slots[map.groups[next.group].slot][next.module].a;
+            pf.row = static_cast<const char*>(a.data_ptr()) + next.first * K * a.element_size();
+            pf.row_lines = pf.lines = (next.count * K * a.element_size() + 63) / 64;
+          }
           lora::with_type(mod.a.scalar_type(), [&](auto* tw) {
             using TW = std::remove_pointer_t<decltype(tw)>;
             lora::shrink(mod.a.data_ptr<TW>() + task.first * K, K, task.count, xp, x.stride(0),
-                         map.rows.data() + grp.begin, grp.end - grp.begin, h + task.h, mod.rank, task.first);
+                         map.rows.data() + grp.begin, grp.end - grp.begin, h + task.h, mod.rank, task.first, pf);
           });
         }
       });
@@ -314,10 +392,25 @@ struct LoRALinear {
           const Task& task = expand_tasks[t];
           const auto& grp = map.groups[task.group];
           const LoRAModule& mod = slots[grp.slot][task.module];
+          lora::Prefetch pf;
+          if (t + dist < end) {  // a later task's columns of b_t: a run in each of its r rows
+            const Task& next = expand_tasks[t + dist];
+            const LoRAModule& nm = slots[map.groups[next.group].slot][next.module];
+            const int64_t es = nm.b_t.element_size();
+            pf.row = static_cast<const char*>(nm.b_t.data_ptr()) + next.first * es;
+            pf.row_lines = (next.count * es + 63) / 64;
+            pf.stride = nm.n * es;
+            pf.lines = pf.row_lines * nm.rank;
+          }
           lora::with_type(mod.b_t.scalar_type(), [&](auto* tw) {
             using TW = std::remove_pointer_t<decltype(tw)>;
-            lora::expand(mod.b_t.data_ptr<TW>(), mod.n, mod.rank, task.first, task.count, h + task.h,
-                         op + mod.offset, out.stride(0), map.rows.data() + grp.begin, grp.end - grp.begin);
+            const int64_t* rows = map.rows.data() + grp.begin;
+            if (grp.end - grp.begin == 1)
+              lora::expand_row(mod.b_t.data_ptr<TW>(), mod.n, mod.rank, task.first, task.count, h + task.h,
+                               op + rows[0] * out.stride(0) + mod.offset, pf);
+            else
+              lora::expand(mod.b_t.data_ptr<TW>(), mod.n, mod.rank, task.first, task.count, h + task.h,
+                           op + mod.offset, out.stride(0), rows, grp.end - grp.begin, pf);
           });
         }
       });
