@@ -8,6 +8,7 @@
 #include "ops.h"
 #include "decode_attention.cpp"
 #include "layer_ops.cpp"
+#include "lora.cpp"  // before decode_layer.cpp, which applies its LoRALinear
 #include "decode_layer.cpp"
 #include "gguf_tiles.cpp"
 #include "memory_bandwidth.cpp"
@@ -49,7 +50,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<vlite::LlamaDecodeStack>(m, "LlamaDecodeStack", pybind11::module_local())
       .def(pybind11::init<>())
       .def("add_layer", &vlite::LlamaDecodeStack::add_layer)
+      .def("set_lora", &vlite::LlamaDecodeStack::set_lora, pybind11::arg("layer_index"), pybind11::arg("qkv"),
+           pybind11::arg("o"), pybind11::arg("gate_up"), pybind11::arg("down"))
       .def("forward", &vlite::LlamaDecodeStack::forward);
+  // shared_ptr holders: every LoRALinear of a step reads one mapping, and the decode stack holds them
+  pybind11::class_<vlite::LoRAMapping, std::shared_ptr<vlite::LoRAMapping>>(m, "LoRAMapping", pybind11::module_local())
+      .def(pybind11::init<>())
+      .def("set", &vlite::LoRAMapping::set, pybind11::arg("token_slot"))
+      .def("clear", &vlite::LoRAMapping::clear)
+      .def("has_lora", &vlite::LoRAMapping::has_lora)
+      .def("num_tokens", &vlite::LoRAMapping::num_tokens);
+  pybind11::class_<vlite::LoRALinear, std::shared_ptr<vlite::LoRALinear>>(m, "LoRALinear", pybind11::module_local())
+      .def(pybind11::init<std::shared_ptr<vlite::LoRAMapping>, int64_t, int64_t, int64_t>(), pybind11::arg("mapping"),
+           pybind11::arg("num_slots"), pybind11::arg("out_features"), pybind11::arg("in_features"))
+      .def("set_slot", &vlite::LoRALinear::set_slot, pybind11::arg("slot"), pybind11::arg("modules"))
+      .def("clear_slot", &vlite::LoRALinear::clear_slot, pybind11::arg("slot"))
+      .def("apply", &vlite::LoRALinear::apply, pybind11::arg("out"), pybind11::arg("x"));
   m.def("rms_norm", &vlite::rms_norm);
   m.def("silu_and_mul", &vlite::silu_and_mul);
   m.def("rotary_inplace", &vlite::rotary_inplace);

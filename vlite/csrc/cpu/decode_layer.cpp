@@ -4,6 +4,9 @@
 // per request, those calls cost about as much as the arithmetic.
 #include <ATen/ATen.h>
 
+#include <array>
+#include <memory>
+
 #include "ops.h"
 
 namespace vlite {
@@ -43,6 +46,7 @@ struct LlamaLayer {
   std::vector<PackedParts> linears;
   c10::optional<at::Tensor> qkv_bias;
   int64_t num_heads, num_kv_heads, head_dim;
+  std::array<std::shared_ptr<LoRALinear>, 4> lora;  // qkv, o, gate_up, down: null where none (lora.cpp)
 };
 
 // hidden [T, hidden] (every token a decode) -> the layer's output hidden [T, hidden]
@@ -54,15 +58,22 @@ static at::Tensor llama_decode_layer(at::Tensor hidden, const LlamaLayer& l, con
   auto x = rms_norm(hidden, l.input_norm, l.eps);
   auto qkv = run_linear(x, l.linears[0], precise_rows);
   if (l.qkv_bias.has_value()) qkv.add_(*l.qkv_bias);
+  if (l.lora[0]) l.lora[0]->apply(qkv, x);
   rotary_inplace(qkv, num_heads + num_kv_heads, head_dim, cos, signed_sin);
   auto qkv3 = qkv.view({T, num_heads + 2 * num_kv_heads, head_dim});
   auto k = qkv3.narrow(1, num_heads, num_kv_heads), v = qkv3.narrow(1, num_heads + num_kv_heads, num_kv_heads);
   write_kv_cache(k, v, kv_cache, slot_mapping);
   auto o = paged_decode_attention(qkv3.narrow(1, 0, num_heads), kv_cache.select(0, 0), kv_cache.select(0, 1),
-                                  block_table, seq_lens, scale);
-  auto h = run_linear(o.view({T, num_heads * head_dim}), l.linears[1], precise_rows, hidden.contiguous());
-  auto gate_up = run_linear(rms_norm(h, l.post_norm, l.eps), l.linears[2], precise_rows);
-  return run_linear(silu_and_mul(gate_up), l.linears[3], precise_rows, h);
+                                  block_table, seq_lens, scale).view({T, num_heads * head_dim});
+  auto h = run_linear(o, l.linears[1], precise_rows, hidden.contiguous());
+  if (l.lora[1]) l.lora[1]->apply(h, o);
+  auto y = rms_norm(h, l.post_norm, l.eps);
+  auto gate_up = run_linear(y, l.linears[2], precise_rows);
+  if (l.lora[2]) l.lora[2]->apply(gate_up, y);
+  auto act = silu_and_mul(gate_up);
+  auto out = run_linear(act, l.linears[3], precise_rows, h);
+  if (l.lora[3]) l.lora[3]->apply(out, act);
+  return out;
 }
 
 // A model's decoder layers for all-decode steps, held once: a step runs them in one call (a Python
@@ -74,7 +85,16 @@ struct LlamaDecodeStack {
   void add_layer(at::Tensor input_norm, at::Tensor post_norm, double eps, std::vector<PackedParts> linears,
                  c10::optional<at::Tensor> qkv_bias, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
     TORCH_CHECK(linears.size() == 4, "LlamaDecodeStack: qkv, o, gate_up, down");
-    layers.push_back({input_norm, post_norm, eps, std::move(linears), qkv_bias, num_heads, num_kv_heads, head_dim});
+    layers.push_back({input_norm, post_norm, eps, std::move(linears), qkv_bias, num_heads, num_kv_heads, head_dim,
+                      {}});
+  }
+
+  // layer `index`'s LoRA updates, applied right after each projection (None: that one has none)
+  void set_lora(int64_t index, std::shared_ptr<LoRALinear> qkv, std::shared_ptr<LoRALinear> o,
+                std::shared_ptr<LoRALinear> gate_up, std::shared_ptr<LoRALinear> down) {
+    TORCH_CHECK(index >= 0 && index < (int64_t)layers.size(), "LlamaDecodeStack.set_lora: layer ", index,
+                " is out of range for ", layers.size(), " layers");
+    layers[index].lora = {std::move(qkv), std::move(o), std::move(gate_up), std::move(down)};
   }
 
   // hidden [T, hidden] after the embedding; kv_caches: one per layer; returns the last layer's output.
