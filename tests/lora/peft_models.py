@@ -14,6 +14,7 @@ def make_adapter(base: Any, folder: Path, seed: int = 0, scale: float = 0.2, **l
     import peft
 
     lora.setdefault("lora_dropout", 0.0)
+    torch.manual_seed(seed)  # peft draws A from torch's global generator
     model = peft.get_peft_model(copy.deepcopy(base), peft.LoraConfig(**lora)).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
