@@ -85,6 +85,27 @@ def test_matches_reference(ops, wdtype, xdtype, odtype, shape, token_slot) -> No
     check(out, expected)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_a_row_has_the_same_bits_alone_or_batched(ops, dtype) -> None:
+    """A decode row alone (one thread, b_t read row by row) and in a 40-row step (register blocks, two
+    threads): every sum in the same order, so a request's output does not depend on the batch."""
+    gen = torch.Generator().manual_seed(6)
+    k, parts, n_out = QKV
+    mapping = ops.LoRAMapping()
+    lin = ops.LoRALinear(mapping, 3, n_out, k)
+    for s in range(3):
+        lin.set_slot(s, make_slot([16, 16, 16], parts, k, dtype, gen))
+    x, out = torch.randn(40, k, generator=gen).to(dtype), torch.randn(40, n_out, generator=gen).to(dtype)
+    batched = out.clone()
+    mapping.set(torch.arange(40, dtype=torch.int32) % 3)
+    lin.apply(batched, x)
+    for t in (0, 17, 39):
+        alone = out[t:t + 1].clone()
+        mapping.set(torch.tensor([t % 3], dtype=torch.int32))
+        lin.apply(alone, x[t:t + 1])
+        assert torch.equal(alone[0], batched[t])
+
+
 def test_agrees_with_add_lora_linear(ops) -> None:
     """The torch op on the layout's zero-padded stacked weights (output_slices) computes the same update."""
     gen = torch.Generator().manual_seed(1)

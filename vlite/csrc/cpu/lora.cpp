@@ -39,13 +39,13 @@ struct LoRAMapping {
     TORCH_CHECK(token_slot.dim() == 1 && token_slot.device().is_cpu() &&
                 (token_slot.scalar_type() == at::kInt || token_slot.scalar_type() == at::kLong),
                 "LoRAMapping.set: token_slot must be a CPU int32 tensor [T]");
-    clear();
-    tokens = token_slot.size(0);
+    clear();  // a bad slot leaves the mapping cleared
+    const int64_t T = token_slot.size(0);
     std::vector<std::pair<int64_t, int64_t>> keyed;  // (slot, row): a stable sort keeps the rows ascending
-    keyed.reserve(tokens);
+    keyed.reserve(T);
     const auto read = [&](auto* p) {
       const int64_t stride = token_slot.stride(0);
-      for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t t = 0; t < T; ++t) {
         const int64_t s = p[t * stride];
         TORCH_CHECK(s >= -1, "LoRAMapping.set: token_slot[", t, "] = ", s, " (a slot, or -1 for none)");
         if (s >= 0) keyed.emplace_back(s, t);
@@ -62,6 +62,7 @@ struct LoRAMapping {
       rows.push_back(keyed[i].second);
     }
     if (!groups.empty()) max_slot = groups.back().slot;
+    tokens = T;
   }
   void clear() {
     tokens = 0;
