@@ -52,9 +52,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
 
 
-def write_random_adapter(folder: Path, cfg: Any, rank: int, modules: tuple[str, ...], seed: int) -> Path:
-    """A PEFT LoRA folder for a model of `cfg` (vlite.model_arch.ModelArchConfig), random A and B on `modules`
-    of every decoder layer (values of a trained adapter's order: the update a few percent of the layer's)."""
+def write_random_adapter(folder: Path, cfg: Any, rank: int, modules: tuple[str, ...], seed: int,
+                         b_scale: float = 0.01) -> Path:
+    """A PEFT LoRA folder for a model of `cfg` (vlite.model_arch.ModelArchConfig), random A and B (N(0, b_scale))
+    on `modules` of every decoder layer (by default values of a trained adapter's order: the update a few percent
+    of the layer's)."""
     import torch
     from safetensors.torch import save_file
 
@@ -69,7 +71,7 @@ def write_random_adapter(folder: Path, cfg: Any, rank: int, modules: tuple[str, 
             key = f"base_model.model.model.layers.{layer}.{spec.parent}.{name}"
             a = torch.randn(rank, spec.in_features, generator=gen) / spec.in_features ** 0.5
             tensors[f"{key}.lora_A.weight"] = a
-            tensors[f"{key}.lora_B.weight"] = torch.randn(spec.out_features, rank, generator=gen) * 0.01
+            tensors[f"{key}.lora_B.weight"] = torch.randn(spec.out_features, rank, generator=gen) * b_scale
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"))
     (folder / "adapter_config.json").write_text(json.dumps(
@@ -95,6 +97,28 @@ def _run(engine: Any, prompts: list[list[int]], output_len: int, loras: list[Opt
     return time.perf_counter() - t0, stamps
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def _load_unload_rss(engine: Any, adapters: list[Any]) -> dict[str, float]:
+    """The engine process's RSS (MB) before loading the adapters, with them loaded, and after removing them."""
+    import gc
+
+    gc.collect()
+    before = _rss_mb()
+    for a in adapters:
+        engine.add_lora(a)
+    manager = engine.engine_core.model_runner.lora_manager
+    weights = sum(m.num_bytes() for _, m in manager.adapters.values()) / 2**20
+    loaded = _rss_mb()
+    for a in adapters:
+        engine.remove_lora(a.lora_int_id)
+    gc.collect()
+    return {"rss_before_mb": before, "rss_loaded_mb": loaded, "rss_unloaded_mb": _rss_mb(), "adapter_weights_mb": weights}
+
+
 def run_lora(ns: argparse.Namespace) -> dict[str, Any]:
     from vlite.lora.request import LoRARequest
 
@@ -107,6 +131,7 @@ def run_lora(ns: argparse.Namespace) -> dict[str, Any]:
     adapters = [LoRARequest(f"bench{i}", i + 1, str(write_random_adapter(Path(tmp.name) / f"a{i}", cfg, ns.lora_rank,
                                                                         MODULES[ns.target_modules], seed=i)))
                 for i in range(ns.num_adapters)]
+    memory = _load_unload_rss(lora, adapters)
     for a in adapters:
         lora.add_lora(a)
     n, out_len = ns.num_prompts, ns.output_len
@@ -136,6 +161,7 @@ def run_lora(ns: argparse.Namespace) -> dict[str, Any]:
         "mixed_vs_base": med["batch_mixed"] / med["batch_base"],
         "lora_engine_base_vs_base": med["batch_lora_engine_base"] / med["batch_base"],
         "single_adapter_vs_base": med["stream_adapter"] / med["stream_base"],
+        "memory": memory,
     }
     print(f"vlite lora: {results['model']} ({results['dtype']}), {ns.num_adapters} adapters of rank {ns.lora_rank} on "
           f"{ns.target_modules} modules; batch {n} x ({ns.input_len} in, {out_len} out); {ns.num_iters} rounds")
@@ -145,6 +171,9 @@ def run_lora(ns: argparse.Namespace) -> dict[str, Any]:
           f"{med['batch_lora_engine_base']:.1f} ({results['lora_engine_base_vs_base']:.3f}x)")
     print(f"single stream, decode tok/s: base {med['stream_base']:.1f}, one adapter {med['stream_adapter']:.1f} "
           f"({results['single_adapter_vs_base']:.3f}x)")
+    print(f"memory: {ns.num_adapters} adapters' weights {memory['adapter_weights_mb']:.1f} MiB; process RSS "
+          f"{memory['rss_before_mb']:.1f} MiB -> loaded {memory['rss_loaded_mb']:.1f} -> removed "
+          f"{memory['rss_unloaded_mb']:.1f}")
     write_json(ns.output_json, results)
     return results
 

@@ -111,7 +111,7 @@ def load_peft_adapter(path: str | Path, cfg: ModelArchConfig, max_lora_rank: int
         pairs.setdefault((layer, spec.name), {})[which] = t
     if not pairs:
         raise LoRAAdapterError(folder, f"{WEIGHTS_FILE} holds no LoRA weights")
-    layers: list[dict[str, list[LoRAWeights]]] = [{} for _ in range(cfg.num_hidden_layers)]
+    checked = []
     for (layer, name), ab in sorted(pairs.items()):
         spec = specs[name]
         where = f"layer {layer} {name}"
@@ -124,9 +124,21 @@ def load_peft_adapter(path: str | Path, cfg: ModelArchConfig, max_lora_rank: int
             raise LoRAAdapterError(
                 folder, f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not match the base model "
                 f"(expected ({rank}, {spec.in_features}) and ({spec.out_features}, {rank}))")
-        b_t = (b.float() * scaling).to(dtype).t().contiguous()
-        layers[layer].setdefault(spec.projection, []).append(LoRAWeights(
-            name, spec.index, spec.out_offset, a.to(dtype).contiguous(), b_t.t()))
+        checked.append((layer, spec, a, b))
+    # One buffer holds every matrix (views into it): one allocation, given back to the system whole when the
+    # adapter is dropped (thousands of small tensors would stay in the allocator's heap).
+    storage = torch.empty(sum(a.numel() + b.numel() for _, _, a, b in checked), dtype=dtype)
+    layers: list[dict[str, list[LoRAWeights]]] = [{} for _ in range(cfg.num_hidden_layers)]
+    offset = 0
+    for layer, spec, a, b in checked:
+        a_view = storage[offset:offset + a.numel()].view(a.shape)
+        offset += a.numel()
+        b_t = storage[offset:offset + b.numel()].view(b.shape[1], b.shape[0])
+        offset += b.numel()
+        a_view.copy_(a)
+        b_t.copy_((b.float() * scaling).t())
+        layers[layer].setdefault(spec.projection, []).append(LoRAWeights(spec.name, spec.index, spec.out_offset,
+                                                                         a_view, b_t.t()))
     return LoRAModel(str(folder), rank, scaling, tuple(sorted({name for _, name in pairs})),
                      tuple({p: tuple(sorted(ws, key=lambda w: w.index)) for p, ws in layer.items()}
                            for layer in layers))
