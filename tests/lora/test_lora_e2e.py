@@ -98,6 +98,25 @@ def test_mixed_batch_matches_peft(base: Any, tokenizer: Any, model_dir: Path, ad
     assert same[0].outputs[0].token_ids == outputs[-2].outputs[0].token_ids
 
 
+def test_speculative_decoding_under_adapters_matches_peft(base: Any, tokenizer: Any, model_dir: Path, adapters: dict,
+                                                         prompt_ids: list[list[int]], refs: list[Any]) -> None:
+    """n-gram drafts verified under each request's adapter (the drafts' rows run in its slot): the same tokens."""
+    from vlite import LLM, SamplingParams
+
+    folder = model_dir / "hf"
+    if not folder.exists():
+        tiny.save_hf(base, tokenizer, folder)
+    llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=tiny.STEP_TOKENS, kv_cache_memory_bytes=16 * 2**20,
+              enable_lora=True, max_loras=3, max_lora_rank=8,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3, "draft_policy": "always",
+                                  "prompt_lookup_min": 1, "prompt_lookup_max": 2})
+    params = SamplingParams(temperature=0.0, max_tokens=tiny.MAX_NEW, ignore_eos=True, logprobs=5)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False,
+                           lora_request=lora_requests(adapters, ASSIGNED))
+    print(tiny.assert_parity([o.outputs[0] for o in outputs], refs))
+    assert llm.llm_engine.engine_core.make_stats().spec_decoding.num_drafts > 0
+
+
 def test_tensor_parallel_adapters_match_peft(base: Any, tokenizer: Any, model_dir: Path, adapters: dict,
                                              prompt_ids: list[list[int]], refs: list[Any]) -> None:
     """TP=2 (worker processes): each rank holds its cut of every adapter (B's rows of q/k/v and gate/up, A's
