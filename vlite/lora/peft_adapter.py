@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from vlite.layers import weight_arena
 from vlite.lora.layout import ModuleSpec, module_specs
 from vlite.model_arch import ModelArchConfig
 
@@ -125,9 +126,10 @@ def load_peft_adapter(path: str | Path, cfg: ModelArchConfig, max_lora_rank: int
                 folder, f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not match the base model "
                 f"(expected ({rank}, {spec.in_features}) and ({spec.out_features}, {rank}))")
         checked.append((layer, spec, a, b))
-    # One buffer holds every matrix (views into it): one allocation, given back to the system whole when the
-    # adapter is dropped (thousands of small tensors would stay in the allocator's heap).
-    storage = torch.empty(sum(a.numel() + b.numel() for _, _, a, b in checked), dtype=dtype)
+    # One buffer holds every matrix (views into it), in 2 MiB pages like the base weights (a decode step reads the
+    # whole adapter: 4 KiB pages cost a rank-16 adapter's single stream 0.83 -> 0.80x the base's speed), given back
+    # to the system whole when the adapter is dropped (small tensors would stay in the allocator's heap).
+    storage = weight_arena.own_buffer(sum(a.numel() + b.numel() for _, _, a, b in checked), dtype)
     layers: list[dict[str, list[LoRAWeights]]] = [{} for _ in range(cfg.num_hidden_layers)]
     offset = 0
     for layer, spec, a, b in checked:
