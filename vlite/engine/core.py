@@ -46,6 +46,7 @@ class EngineCore:
         # Adapters loaded once without error, by lora_int_id: a request naming one is not checked again (the
         # runner reloads an evicted one by itself), and an id or name cannot change meaning while it is known.
         self._loras: dict[int, LoRARequest] = {}
+        self._removing: set[int] = set()  # removed while requests used them: unloaded once those finish
         # Where the model runs (this process, or worker processes): the core talks only to the executor.
         self.executor = Executor.create(loaded, while_loading)
         # The in-process runner with the uni executor (introspection, tests); None with workers.
@@ -120,19 +121,30 @@ class EngineCore:
                                  f"{other.lora_int_id}, not {lora_request.lora_int_id}")
         added = self.executor.add_lora(lora_request)
         self._loras[lora_request.lora_int_id] = lora_request
+        self._removing.discard(lora_request.lora_int_id)  # named again before its removal came due: kept
         return added
 
     def remove_lora(self, lora_int_id: int) -> bool:
-        """Unload an adapter; False if it was not loaded. Refused (ValueError) while unfinished requests use it
-        (running or waiting): the runner would load it again from its folder for their next step (vLLM lets it),
-        which may be gone by then; so once removed, nothing reads it unless a new request names it again."""
-        busy = sum(1 for r in self.scheduler.requests.values()
-                   if r.lora_request is not None and r.lora_request.lora_int_id == lora_int_id)
-        if busy:
-            raise ValueError(f"LoRA adapter {lora_int_id} is in use by {busy} unfinished request(s); remove it "
-                             f"once they finish")
-        self._loras.pop(lora_int_id, None)
+        """Unload an adapter; False if it was not loaded. While unfinished requests use it (running or waiting)
+        they finish under it and it is unloaded after them (vLLM reloads it from its folder instead, which may be
+        gone by then); meanwhile its id and name are free to be given again."""
+        if self._loras.pop(lora_int_id, None) is None and lora_int_id not in self.executor.list_loras():
+            return False
+        if self._lora_in_use(lora_int_id):
+            self._removing.add(lora_int_id)
+            return True
         return self.executor.remove_lora(lora_int_id)
+
+    def _lora_in_use(self, lora_int_id: int) -> bool:
+        return any(r.lora_request is not None and r.lora_request.lora_int_id == lora_int_id
+                   for r in self.scheduler.requests.values())
+
+    def _finish_removals(self) -> None:
+        """Unload the adapters removed while in use whose last requests have finished."""
+        for lora_int_id in [i for i in self._removing if not self._lora_in_use(i)]:
+            self._removing.discard(lora_int_id)
+            if lora_int_id not in self._loras:  # not named again meanwhile
+                self.executor.remove_lora(lora_int_id)
 
     def list_loras(self) -> set[int]:
         return self.executor.list_loras()
@@ -170,6 +182,8 @@ class EngineCore:
         with section("update_from_output"):
             outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         self.scheduler.on_step_succeeded(scheduler_output)
+        if self._removing:
+            self._finish_removals()
         return outputs
 
     def _handle_step_failure(self, scheduler_output: SchedulerOutput, error: Exception) -> list[EngineCoreOutput]:
