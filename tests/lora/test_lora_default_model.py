@@ -17,11 +17,10 @@ import torch
 
 from tests.e2e.prompts import prompts_of_lengths
 from tests.e2e.reference import ATOL, compare_greedy, hf_greedy_batch
-from tests.lora.peft_models import make_adapter
+from tests.lora.peft_models import ALL, make_adapter
 
 pytest.importorskip("peft")
 MAX_NEW = 24
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # prompt i under ASSIGNED[i] (None: the base model); the last two are the first and third prompts again, unadapted
 ASSIGNED = ["all", None, "attn", "all", "attn", None, None, None]
 

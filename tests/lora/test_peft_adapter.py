@@ -13,47 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-from tests.lora.peft_models import make_adapter
+from tests.lora.peft_models import ALL, fused_output, make_adapter
 from tests.models import tiny
-from vlite.lora.layout import PROJECTIONS, empty_slots, output_slices, projection_modules
+from vlite.lora.layout import PROJECTIONS, empty_slots, output_slices
 from vlite.lora.ops import LoRAKernelMeta, add_lora_linear
 from vlite.lora.peft_adapter import LoRAAdapterError, load_peft_adapter
 from vlite.model_loader.hf_config import arch_from_hf_config
 
 peft = pytest.importorskip("peft")
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MAX_RANK = 8
-
-
-@pytest.fixture(scope="module")
-def base() -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    return tiny.build(LlamaConfig, LlamaForCausalLM)
-
-
-@pytest.fixture(scope="module")
-def cfg(base: Any) -> Any:
-    return arch_from_hf_config(base.config.to_dict())
-
-
-def fused_output(model: Any, layer: int, projection: str, cfg: Any, x: torch.Tensor) -> torch.Tensor:
-    """The output of vlite's fused projection computed by `model`'s own modules (peft's or the base's)."""
-    block = model.get_decoder().layers[layer]
-    with torch.no_grad():
-        return torch.cat([getattr(getattr(block, m.parent), m.name)(x) for m in projection_modules(cfg, projection)],
-                         dim=-1)
-
-
-@pytest.fixture(scope="module")
-def adapters(base: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
-    root = tmp_path_factory.mktemp("adapters")
-    specs = {"all": dict(r=4, lora_alpha=8, target_modules=ALL),
-             "rslora_qv": dict(r=8, lora_alpha=16, use_rslora=True, target_modules=["q_proj", "v_proj"]),
-             "all_linear": dict(r=2, lora_alpha=3, target_modules="all-linear"),
-             "regex": dict(r=3, lora_alpha=5, target_modules=r".*\.(k_proj|down_proj)")}
-    return {name: (root / name, make_adapter(base, root / name, seed=i, **spec))
-            for i, (name, spec) in enumerate(specs.items())}
 
 
 @pytest.mark.parametrize("name, modules, scaling", [
