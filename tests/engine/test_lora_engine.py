@@ -119,6 +119,8 @@ def test_busy_adapter_is_unloaded_after_its_requests(setup):
     engine.step()
     assert engine.remove_lora(1) is True
     assert 1 in engine.list_loras()  # still serving its request
+    with pytest.raises(ValueError, match="still used by the requests"):  # its id is not given to another adapter
+        engine.add_lora(LoRARequest("other", 1, adapters["b"].lora_path))
     finished = []
     while engine.has_unfinished_requests():
         finished += [o for o in engine.step() if o.finished]

@@ -119,6 +119,11 @@ class EngineCore:
             if other.lora_name == lora_request.lora_name and other.lora_int_id != lora_request.lora_int_id:
                 raise ValueError(f"LoRA adapter {lora_request.lora_name!r} is loaded with lora_int_id "
                                  f"{other.lora_int_id}, not {lora_request.lora_int_id}")
+        if lora_request.lora_int_id in self._removing and not any(
+                _same_adapter(r.lora_request, lora_request) for r in self.scheduler.requests.values()
+                if r.lora_request is not None and r.lora_request.lora_int_id == lora_request.lora_int_id):
+            raise ValueError(f"lora_int_id {lora_request.lora_int_id} is still used by the requests of the adapter "
+                             f"removed under it; give {lora_request.lora_name!r} another id")
         added = self.executor.add_lora(lora_request)
         self._loras[lora_request.lora_int_id] = lora_request
         self._removing.discard(lora_request.lora_int_id)  # named again before its removal came due: kept
