@@ -1,5 +1,6 @@
-"""Triton kernels of the GPU attention backend, one module per kernel family.
+"""Attention ops, one module per kernel family.
 
-Importing them needs `triton` (the `gpu` extra; the `test` extra runs them on the CPU under
-TRITON_INTERPRET=1, which must be set before these modules are imported).
+The Triton kernels of the GPU attention backend (triton_*) need `triton` (the `gpu` extra; the `test`
+extra runs them on the CPU under TRITON_INTERPRET=1, which must be set before these modules are
+imported). `cascade` is plain torch: the reference math of cascade attention (shared-prefix decode).
 """
