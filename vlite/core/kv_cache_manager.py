@@ -177,6 +177,31 @@ class KVCacheManager:
         del blocks[keep:]
         self.block_pool.free_blocks(b for b in reversed(tail) if b is not NULL_BLOCK)
 
+    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
+        """Leading blocks of `request` (any running one) that every running request references: the
+        shared prefix whose attention cascade attention computes once for the whole batch.
+
+        Only running requests hold references (finished and preempted ones released theirs, cached
+        free blocks have ref_cnt 0, and a request's list never holds a block twice), so a block with
+        ref_cnt == num_running_requests is in every running request's list, at the same index since a
+        shared block is a prefix-cache hit on a chained hash. Running requests not scheduled this step
+        still count (as in vLLM): a prefix they do not share gives 0 even if every scheduled one shares
+        it. With one running request every block counts, the last, partly filled one included, and a
+        counted block may hold tokens some request has not computed yet: the attention side must cap
+        the prefix at the batch's fewest computed tokens (vLLM's runner does).
+
+        Sliding window: 0, as vLLM's SlidingWindowManager. Leading blocks become NULL_BLOCK as they
+        leave the window, and a shared prefix read by every query ignores each query's window.
+        """
+        if self.sliding_window is not None or num_running_requests <= 0:
+            return 0
+        num_common = 0
+        for block in self.req_to_blocks.get(request.request_id, ()):
+            if block is NULL_BLOCK or block.ref_cnt != num_running_requests:
+                break
+            num_common += 1
+        return num_common
+
     def get_num_blocks(self, request_id: str) -> int:
         return len(self.req_to_blocks.get(request_id, ()))
 
@@ -201,3 +226,6 @@ class EncoderOnlyKVCacheManager(KVCacheManager):
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
         self.req_to_blocks.setdefault(request.request_id, [])
         return []
+
+    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
+        return 0  # no blocks: nothing to share

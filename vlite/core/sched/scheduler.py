@@ -177,6 +177,8 @@ class Scheduler(FaultIsolation):
             sample_req_ids=sample_req_ids,
             prompt_done_req_ids=prompt_done_req_ids,
             scheduled_spec_decode_tokens=scheduled_spec,
+            num_common_prefix_blocks=(self.kv_cache_manager.get_num_common_prefix_blocks(
+                self.running[0], len(self.running)) if self.running else 0),
         )
         self.finished_req_ids = set()
         return output
