@@ -74,16 +74,6 @@ static inline void block_lanes(const float* x, const float* w, int64_t K, int64_
     for (int n = 0; n < NB; ++n) acc[m][n].store(lanes + 16 * (m * kN + n));
 }
 
-// f(integral_constant<int, v>) for a run-time 1 <= v <= N: block sizes are template arguments so
-// that the accumulators stay in registers
-template <int N, typename F>
-static inline void with_count(int64_t v, F&& f) {
-  if constexpr (N > 1) {
-    if (v < N) return with_count<N - 1>(v, f);
-  }
-  f(std::integral_constant<int, N>());
-}
-
 // out rows [0, M) x columns [n0, n0 + nb) of the weight rows at w; `next`: the next block's rows
 // (next_rows of them), asked for from memory over all the passes of x rows. The hardware prefetcher
 // alone, or a prefetch of the whole next block in the first pass, left memory idle for the later

@@ -127,16 +127,6 @@ struct Prefetch {
   }
 };
 
-// f(integral_constant<int, v>) for a run-time 1 <= v <= N: block sizes as template arguments keep
-// the accumulators in registers
-template <int N, typename F>
-static inline void with_count(int64_t v, F&& f) {
-  if constexpr (N > 1) {
-    if (v < N) return with_count<N - 1>(v, f);
-  }
-  f(std::integral_constant<int, N>());
-}
-
 // h[m * r + i0 + i] = a[i0 + i] . x[rows[m]] for the ib a rows at `a` and the M rows of the group
 template <typename TW, typename TX>
 static void shrink(const TW* a, int64_t K, int64_t ib, const TX* x, int64_t x_stride, const int64_t* rows,

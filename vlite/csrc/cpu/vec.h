@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -32,6 +33,16 @@ namespace vlite {
 // the rows of a speculative verify step (or a small decode batch) split over the threads instead of
 // running on one while the others wait.
 inline int64_t row_grain(int64_t values_per_row) { return std::max<int64_t>(1, 4096 / values_per_row); }
+
+// f(integral_constant<int, v>) for a run-time 1 <= v <= N: block sizes as template arguments keep a
+// kernel's accumulators in registers (dense_linear.cpp, lora.cpp)
+template <int N, typename F>
+inline void with_count(int64_t v, F&& f) {
+  if constexpr (N > 1) {
+    if (v < N) return with_count<N - 1>(v, f);
+  }
+  f(std::integral_constant<int, N>());
+}
 
 inline float to_float(float v) { return v; }
 inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
