@@ -60,8 +60,8 @@ class KVCacheManager:
         return self.block_pool.get_num_free_blocks()
 
     def _block_hashes(self, request: Request) -> list:
-        extra = lora_extra_keys(request.lora_request) if request.lora_request is not None else b""
-        return compute_block_hashes(request.all_token_ids, self.block_size, request.block_hashes, extra)
+        return compute_block_hashes(request.all_token_ids, self.block_size, request.block_hashes,
+                                    lora_extra_keys(request.lora_request))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of the request: (blocks, number of tokens they hold).

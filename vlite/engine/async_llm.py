@@ -135,8 +135,7 @@ class AsyncLLM:
         """A pooling request's output (vLLM's AsyncLLM.encode, awaited to its one final output): `prompt` as
         for process_pooling_inputs, or what it returned. Cancelled, it aborts the request. No LoRA adapter:
         they apply to generation only (a pooling model cannot be started with enable_lora)."""
-        if lora_request is not None:
-            raise ValueError("lora_request: LoRA adapters apply to text generation only, not to pooling")
+        self.input_processor.check_lora(lora_request, pooling=True)
         if not isinstance(prompt, tuple):
             prompt = self.process_pooling_inputs(request_id, prompt, pooling_params or PoolingParams(), priority)
         if prompt[1].pooling_params is None:
@@ -289,11 +288,12 @@ class AsyncLLM:
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         """Load an adapter now (True if it was not loaded); a ValueError naming the folder and the reason if the
         engine cannot apply it."""
-        self._check_lora(lora_request)
+        assert self.input_processor is not None, "AsyncLLM.start() was not awaited"
+        self.input_processor.check_lora(lora_request)  # LoRA on and a LoRARequest, before the engine core is asked
         return await self.client.call_utility("add_lora", lora_request)
 
     async def remove_lora(self, lora_int_id: int) -> bool:
-        """Unload an adapter (False if it was not loaded); a ValueError while unfinished requests use it."""
+        """Unload an adapter (False if it was not loaded); requests still using it finish under it first."""
         return await self.client.call_utility("remove_lora", lora_int_id)
 
     async def list_loras(self) -> set[int]:
@@ -301,13 +301,6 @@ class AsyncLLM:
 
     async def pin_lora(self, lora_int_id: int) -> bool:
         return await self.client.call_utility("pin_lora", lora_int_id)
-
-    def _check_lora(self, lora_request: LoRARequest) -> None:
-        """LoRA on and a LoRARequest, checked here before the engine core is asked."""
-        if not self.engine_args.enable_lora:
-            raise ValueError("LoRA is not enabled: start the engine with enable_lora=True (--enable-lora)")
-        if not isinstance(lora_request, LoRARequest):
-            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
 
     async def check_health(self) -> None:
         if not self.is_running:

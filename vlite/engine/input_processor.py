@@ -71,7 +71,7 @@ class InputProcessor:
     def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams,
                        arrival_time: Optional[float] = None, priority: int = 0,
                        lora_request: Optional[LoRARequest] = None) -> tuple[Optional[str], EngineCoreRequest]:
-        self._check_lora(lora_request)
+        self.check_lora(lora_request)
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if self.pooler_config is not None:
@@ -89,9 +89,13 @@ class InputProcessor:
         return prompt_text, EngineCoreRequest(request_id, token_ids, params, self.eos_token_ids,
                                               arrival_time or time.time(), priority, lora_request=lora_request)
 
-    def _check_lora(self, lora_request: Optional[LoRARequest]) -> None:
+    def check_lora(self, lora_request: Optional[LoRARequest], pooling: bool = False) -> None:
+        """A request's (or add_lora's) adapter, refused by name before anything starts: LoRA off, not a
+        LoRARequest, or a pooling request (adapters apply to generation only)."""
         if lora_request is None:
             return
+        if pooling:
+            raise ValueError("lora_request: LoRA adapters apply to text generation only, not to pooling")
         if not self.enable_lora:
             raise ValueError(f"lora_request {getattr(lora_request, 'lora_name', lora_request)!r} given, but LoRA "
                              f"is not enabled: start the engine with enable_lora=True (--enable-lora)")

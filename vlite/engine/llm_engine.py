@@ -96,8 +96,7 @@ class LLMEngine:
         if request_id in self.output_processor.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if isinstance(params, PoolingParams):
-            if lora_request is not None:
-                raise ValueError("lora_request: LoRA adapters apply to text generation only, not to pooling")
+            self.input_processor.check_lora(lora_request, pooling=True)
             prompt_text, request = self.input_processor.process_pooling_inputs(
                 request_id, prompt, params, arrival_time, priority)
         else:
@@ -165,7 +164,7 @@ class LLMEngine:
         return self.engine_core.add_lora(lora_request)
 
     def remove_lora(self, lora_int_id: int) -> bool:
-        """Unload an adapter (False if it was not loaded); a ValueError while unfinished requests use it."""
+        """Unload an adapter (False if it was not loaded); requests still using it finish under it first."""
         return self.engine_core.remove_lora(lora_int_id)
 
     def list_loras(self) -> set[int]:

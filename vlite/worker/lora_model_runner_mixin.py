@@ -1,15 +1,14 @@
 """The model runner's LoRA part (vLLM's LoRAModelRunnerMixin): the adapter manager, and each step's adapters.
 
-With a LoRAConfig the runner's model gets LoRA layers (vlite.lora.manager); before each forward the scheduled
-requests' adapters are put in slots and every row's slot is set (`_set_active_loras`). The engine's adapter
-calls (add_lora, remove_lora, pin_lora, list_loras) land here, through the executor, on every rank.
+With a LoRAConfig the runner's model gets LoRA layers (vlite.lora.manager); before each forward (_prepare_inputs)
+the scheduled requests' adapters are put in slots and every row's slot is set (`lora_manager.set_active`). The
+engine's adapter calls (add_lora, remove_lora, pin_lora, list_loras) land here, through the executor, on every rank.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
 
-import numpy as np
 import torch
 
 from vlite.config import LoRAConfig
@@ -32,11 +31,6 @@ class LoRAModelRunnerMixin:
         ops = _custom_ops.load() if device.type == "cpu" else None  # None: the torch path (vlite.lora.layers)
         arch = model.config
         self.lora_manager = LoRAModelManager(model, arch, lora_config, dtype, device, ops, tp_shard_fn(arch))
-
-    def _set_active_loras(self, lora_requests: Sequence[Optional[LoRARequest]], num_scheduled: np.ndarray) -> None:
-        """The step's requests' adapters (step order) and token counts, before the forward."""
-        if self.lora_manager is not None:
-            self.lora_manager.set_active(lora_requests, num_scheduled)
 
     def _lora_manager(self) -> LoRAModelManager:
         if self.lora_manager is None:

@@ -263,7 +263,7 @@ class ModelRunner(LoRAModelRunnerMixin):
         num_scheduled = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64,
                                     count=len(req_ids))
         if self.lora_manager is not None:
-            self._set_active_loras([self.requests[r].lora_request for r in req_ids], num_scheduled)
+            self.lora_manager.set_active([self.requests[r].lora_request for r in req_ids], num_scheduled)
 
         query_start_loc = np.zeros(len(req_ids) + 1, dtype=np.int64)
         np.cumsum(num_scheduled, out=query_start_loc[1:])
