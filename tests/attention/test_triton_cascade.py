@@ -1,4 +1,4 @@
-"""Cascade attention's Triton kernels (vlite.attention.ops.triton_cascade).
+"""Cascade attention's Triton kernels (vlite.attention.ops.triton_cascade) and the Triton backend's cascade path.
 
 A step is a shared prefix of P tokens (the same shuffled blocks at the head of every block-table row) and
 requests (c, n): c context tokens of their own after the prefix, then n query tokens ((c, 1) a decode,
@@ -10,8 +10,10 @@ attention and the plain kernel. Tiny shapes: the Triton interpreter is ~600x slo
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional
 
+import numpy as np
 import pytest
 import torch
 
@@ -152,3 +154,109 @@ def test_merge_kernel_matches_reference(triton_device, dtype):
     torch.testing.assert_close(got.cpu().double(), want, atol=tol, rtol=tol)
     torch.testing.assert_close(got_lse.cpu().double(), want_lse, atol=1e-5, rtol=1e-5)
     assert got[4, 2].eq(0).all() and torch.isneginf(got_lse[4, 2])
+
+
+def test_backend_cascade_matches_plain(triton_device):
+    """paged_attention with common_prefix_len (K/V written first, as a step does) = without; a windowed layer
+    falls back to the plain kernel; build_metadata refuses a length off the block grid."""
+    from vlite.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionMetadata
+
+    reqs, block_size = [(2, 1), (9, 1), (0, 4), (14, 1)], 16
+    s = make_step(reqs, 2, block_size, 4, 2, torch.float32, seed=11)
+    # This step's K/V: taken out of the cache, which then holds NaN at their slots until paged_attention writes.
+    slots, keys, values = [], [], []
+    for r, (c, n) in enumerate(reqs):
+        for j in range(int(s["seq_lens"][r]) - n, int(s["seq_lens"][r])):
+            slots.append(int(s["block_table"][r, j // block_size]) * block_size + j % block_size)
+            keys.append(s["ks"][r][j]), values.append(s["vs"][r][j])
+    slot_mapping = torch.tensor(slots)
+    flat = s["cache"].view(2, s["cache"].shape[1], -1, D)
+    flat[:, :, slot_mapping] = float("nan")
+    key, value = torch.stack(keys).to(triton_device), torch.stack(values).to(triton_device)
+    inputs = [x.to(triton_device) for x in (s["qsl"], s["seq_lens"], s["block_table"], slot_mapping)]
+    outs = {}
+    for p in (0, s["prefix_len"]):
+        md = TritonAttentionBackend.build_metadata(*inputs, block_size, (0, 8), s["max_query_len"],
+                                                   common_prefix_len=p)
+        assert isinstance(md, TritonAttentionMetadata) and md.common_prefix_len == p
+        for window in (0, 8):
+            kv_cache = s["cache"].clone().to(triton_device)
+            outs[p, window] = md.paged_attention(s["query"].to(triton_device), key, value, kv_cache, D ** -0.5,
+                                                 window).cpu()
+    assert not outs[s["prefix_len"], 0].isnan().any()
+    torch.testing.assert_close(outs[s["prefix_len"], 0], outs[0, 0], atol=2e-5, rtol=2e-5)
+    assert torch.equal(outs[s["prefix_len"], 8], outs[0, 8])  # the same kernel, the same launch
+    with pytest.raises(ValueError, match="multiple"):
+        TritonAttentionBackend.build_metadata(*inputs, block_size, common_prefix_len=24)
+
+
+def test_use_cascade_attention():
+    from vlite.attention.backends.triton_attn import TritonAttentionBackend
+
+    use = TritonAttentionBackend.use_cascade_attention
+    decodes = np.ones(64, dtype=np.int32)
+    assert use(1024, decodes, 32, 8, 0)  # 512 programs (4 waves) read the prefix; cascading: 32 (1 wave)
+    assert use(1024, list(decodes), 32, 8, 0)  # a list as well as an array
+    assert not use(1024, decodes, 32, 8, 4096)  # a sliding window
+    assert not use(128, decodes, 32, 8, 0)  # too short a prefix
+    assert not use(1024, np.ones(7, dtype=np.int32), 32, 32, 0)  # too few requests
+    assert not use(1024, np.ones(16, dtype=np.int32), 32, 8, 0)  # 128 programs: one wave either way
+    assert use(1024, np.ones(17, dtype=np.int32), 32, 8, 0)  # 136 programs: two waves
+    assert use(1024, np.ones(8, dtype=np.int32), 32, 32, 0)  # MHA: 256 programs vs 32
+    assert use(512, np.array([1] * 40 + [37]), 32, 8, 0)  # a chunk among decodes: 41 x 8 programs vs 24
+    assert not use(512, np.array([200] * 8), 32, 8, 0)  # long chunks: 13 x 8 x 8 = 832 programs vs 800
+
+
+def test_cuda_graphs_run_cascade_steps_eagerly():
+    from vlite.worker.cuda_graphs import CUDAGraphRunner
+
+    graphs = SimpleNamespace(sizes=[1, 2, 4, 8])
+    assert CUDAGraphRunner.padded_size(graphs, 3, 3) == 4
+    assert CUDAGraphRunner.padded_size(graphs, 3, 3, common_prefix_len=256) is None
+
+
+def test_gemma2_step_with_common_prefix(tmp_path, triton_device, monkeypatch):
+    """A tiny Gemma 2 (GQA, soft-capping, a window-8 layer that falls back and a global one that cascades):
+    a step of three requests after a 16-token shared block gives the same hidden states with and without
+    common_prefix_len."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from tests.models import tiny
+    from vlite.attention.backends import triton_attn
+    from vlite.attention.ops.triton_cascade import cascade_attention
+    from vlite.attention.backends.triton_attn import TritonAttentionBackend
+    from vlite.layers.quantization import QuantizationPlan
+    from vlite.model_loader import load_model_weights, resolve_model
+    from vlite.models.registry import build_model
+
+    hf = tiny.build(Gemma2Config, Gemma2ForCausalLM, seed=4, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                    attn_logit_softcapping=1.5, hidden_activation="gelu_pytorch_tanh")
+    hf.save_pretrained(tmp_path)
+    arch, weights = load_model_weights(resolve_model(str(tmp_path)), torch.float32)
+    model = build_model(arch, weights, QuantizationPlan(None), torch.float32).to(triton_device)
+    block_size, backend = 16, TritonAttentionBackend
+    shape = backend.get_kv_cache_shape(6, block_size, arch.num_key_value_heads, arch.head_dim)
+    kv = [torch.zeros(shape, device=triton_device) for _ in range(arch.num_hidden_layers)]
+    gen = torch.Generator().manual_seed(0)
+
+    def run(reqs, kv_caches, common_prefix_len=0):
+        inputs = {k: v.to(triton_device) for k, v in tiny.step_inputs(reqs, block_size).items()}
+        md = backend.build_metadata(*(inputs[k] for k in ("query_start_loc", "seq_lens", "block_table",
+                                                          "slot_mapping")),
+                                    block_size, arch.attention_windows, max(n for _, n, _ in reqs),
+                                    common_prefix_len=common_prefix_len)
+        ids = torch.randint(0, tiny.VOCAB_SIZE, (int(inputs["query_start_loc"][-1]),), generator=gen)
+        with torch.inference_mode():
+            return model(ids.to(triton_device), inputs["positions"], kv_caches, md).cpu()
+
+    run([(0, 16, [1])], kv)  # the shared prompt, into block 1
+    step = [(16, 1, [1, 2]), (16, 5, [1, 3]), (16, 2, [1, 4])]
+    state = gen.get_state()
+    plain = run(step, [c.clone() for c in kv])
+    gen.set_state(state)
+    calls = []
+    monkeypatch.setattr(triton_attn, "cascade_attention",
+                        lambda *a, **k: calls.append(1) or cascade_attention(*a, **k))
+    cascaded = run(step, kv, common_prefix_len=16)
+    assert 0 < len(calls) < arch.num_hidden_layers  # the global layers cascaded, the windowed ones did not
+    torch.testing.assert_close(cascaded, plain, atol=1e-4, rtol=1e-4)

@@ -9,7 +9,9 @@ start-up and replayed, so a decode step costs one graph launch instead of a few 
 
 The graphs read static buffers that each replay refills from the step's device tensors (copies on
 the device); the attention metadata of every graph points into them. Steps with a prompt chunk,
-more decodes than the largest size, or --enforce-eager run eagerly.
+more decodes than the largest size, or --enforce-eager run eagerly, and so do cascade steps (a common
+prefix attended once for the batch, TritonAttentionMetadata.common_prefix_len > 0): the graphs are
+captured on the plain attention path, and the prefix length, a host int, picks other launches.
 """
 
 from __future__ import annotations
@@ -64,9 +66,10 @@ class CUDAGraphRunner:
         logger.info("vlite: captured CUDA graphs for %d decode batch sizes (%s) in %.1f s", len(self.sizes),
                     ", ".join(map(str, self.sizes)), time.perf_counter() - start)
 
-    def padded_size(self, num_reqs: int, num_tokens: int) -> Optional[int]:
-        """The graph size for a step, or None when the step must run eagerly (not all decodes, too many)."""
-        if num_tokens != num_reqs or num_reqs > self.sizes[-1]:
+    def padded_size(self, num_reqs: int, num_tokens: int, common_prefix_len: int = 0) -> Optional[int]:
+        """The graph size for a step, or None when the step must run eagerly (not all decodes, too many,
+        a cascade step: the graphs hold the plain attention path)."""
+        if num_tokens != num_reqs or num_reqs > self.sizes[-1] or common_prefix_len > 0:
             return None
         return next(s for s in self.sizes if s >= num_reqs)
 
