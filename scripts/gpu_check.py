@@ -258,6 +258,7 @@ def main() -> int:
         return 0
     sh("kernels", pytest + ["tests/attention/test_triton_reshape_and_cache.py",
                             "tests/attention/test_triton_unified_attention.py",
+                            "tests/attention/test_triton_cascade.py",
                             "tests/attention/test_triton_attn_backend.py", "tests/worker",
                             "tests/test_config_device.py"],
        timeout=120)
