@@ -532,10 +532,13 @@ static inline int64_t chunk_bound(int64_t first, int64_t cnt, int64_t S, int64_t
   return first + (cnt * p / S + 15) / 16 * 16;
 }
 
-template <int NV, typename T>
-void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* sl, T* out,
+// O: the output's type (T; float for a cascade's suffix, merged before its one rounding). key_start: no
+// row reads keys before it (a cascade's shared prefix, attended apart); lse: where given, each query
+// head's log-sum-exp [N, H] (-inf for a row with no keys, whose output is then 0).
+template <int NV, typename T, typename O = T>
+void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* sl, O* out,
                            int64_t N, int64_t H, int64_t HKV, int64_t NB, int64_t BS, int64_t MB, float scale,
-                           int64_t window) {
+                           int64_t window, int64_t key_start = 0, float* lse = nullptr) {
   constexpr int64_t D = NV * 16;
   const int64_t G = H / HKV;
   // per row: its first key, key count and chunks; where its (kv head, chunk) partial results start
@@ -544,7 +547,7 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
   int64_t *first = work.data(), *cnt = first + N, *splits = cnt + N, *row_unit = splits + N;  // row_unit: N + 1
   int64_t *group_row = row_unit + N + 1, *group_table = group_row + N + 1, *group_unit = group_table + N;  // N + 1
   for (int64_t n = 0; n < N; ++n) {
-    first[n] = window > 0 ? std::max<int64_t>(0, sl[n] - window) : 0;
+    first[n] = std::max<int64_t>(key_start, window > 0 ? sl[n] - window : 0);
     cnt[n] = sl[n] - first[n];
     splits[n] = std::max<int64_t>(1, std::min(kMaxSplit, cnt[n] / kSplitKeys));
     row_unit[n + 1] = row_unit[n] + HKV * splits[n];
@@ -553,9 +556,9 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
   // blocks for every key either of them reads (rows of one sequence)
   auto joins = [&](int64_t a, int64_t b) {
     if (!kShareKeyBlocks<T>) return false;
-    if (first[a] != 0 || first[b] != 0 || splits[a] != splits[b]) return false;
+    if (first[a] != key_start || first[b] != key_start || splits[a] != splits[b]) return false;
     for (int64_t p = 1; p < splits[a]; ++p)
-      if (chunk_bound(0, cnt[a], splits[a], p) != chunk_bound(0, cnt[b], splits[b], p)) return false;
+      if (chunk_bound(first[a], cnt[a], splits[a], p) != chunk_bound(first[b], cnt[b], splits[b], p)) return false;
     const int64_t nblocks = (std::max(sl[a], sl[b]) + BS - 1) / BS;
     return std::memcmp(bt + a * MB, bt + b * MB, nblocks * sizeof(int64_t)) == 0;
   };
@@ -610,10 +613,11 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
       for (int64_t r = 0; r < R; ++r) {
         const int64_t n = r0 + r;
         if (S == 1) {  // the row's only chunk: its output
-          T* op = out + (n * H + h * G) * D;
+          O* op = out + (n * H + h * G) * D;
           for (int64_t g = 0; g < G; ++g) {
             const int64_t v = r * G + g;
-            const Vec16 inv = Vec16::set1(1.f / l[v]);
+            if (lse != nullptr) lse[n * H + h * G + g] = l[v] > 0.f ? m[v] + std::log(l[v]) : -INFINITY;
+            const Vec16 inv = Vec16::set1(l[v] > 0.f ? 1.f / l[v] : 0.f);  // no keys (a cascade's suffix): 0
             for (int c = 0; c < NV; ++c) store16(op + g * D + c * 16, Vec16::load(acc.data() + v * D + c * 16) * inv);
           }
           continue;
@@ -666,7 +670,7 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
       const int64_t n = pair / HKV, h = pair % HKV, S = splits[n];
       if (S == 1) continue;
       const int64_t t0 = row_unit[n] + h * S;
-      T* op = out + (n * H + h * G) * D;
+      O* op = out + (n * H + h * G) * D;
       for (int64_t g = 0; g < G; ++g) {
         float mx = -INFINITY;
         for (int64_t p = 0; p < S; ++p) mx = std::max(mx, pm[(t0 + p) * G + g]);
@@ -680,6 +684,7 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
           const Vec16 wv = Vec16::set1(w);
           for (int c = 0; c < NV; ++c) o[c] = fmadd(wv, Vec16::load(pacc.data() + (t * G + g) * D + c * 16), o[c]);
         }
+        if (lse != nullptr) lse[n * H + h * G + g] = mx + std::log(total);
         const Vec16 inv = Vec16::set1(1.f / total);
         for (int c = 0; c < NV; ++c) store16(op + g * D + c * 16, o[c] * inv);
       }
@@ -688,12 +693,19 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
 }
 }  // namespace
 
+// cascade_attention.cpp: the shared prefix once for every row, the rest per row, merged
+void cascade_decode_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                              const at::Tensor& bt, const at::Tensor& sl, double scale, int64_t num_prefix_blocks,
+                              at::Tensor& out);
+
 // query [N, H, D]; key_cache, value_cache [H_kv, num_blocks, block_size, D] (contiguous);
 // block_table [N, max_blocks] int64; seq_lens [N] int64 -> out [N, H, D]
 // window > 0: each query sees only the last `window` keys of its sequence (sliding-window layers)
+// num_prefix_blocks > 0 (no window; head size 64, 128 or 256): every row's first that many blocks are the
+// same ones, attended once for all rows (cascade attention)
 at::Tensor paged_decode_attention(at::Tensor query, at::Tensor key_cache, at::Tensor value_cache,
                                   at::Tensor block_table, at::Tensor seq_lens, double scale,
-                                  int64_t window = 0) {
+                                  int64_t window = 0, int64_t num_prefix_blocks = 0) {
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes());
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous());
   TORCH_CHECK(block_table.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong);
@@ -707,6 +719,11 @@ at::Tensor paged_decode_attention(at::Tensor query, at::Tensor key_cache, at::Te
   for (int64_t n = 0; n < N; ++n)
     TORCH_CHECK(slp[n] >= 1 && slp[n] <= bt.size(1) * key_cache.size(2), "paged_decode_attention: seq_lens[", n,
                 "] = ", slp[n], " is outside [1, ", bt.size(1) * key_cache.size(2), "]");
+  if (num_prefix_blocks > 0) {
+    TORCH_CHECK(window == 0, "paged_decode_attention: a shared prefix with a sliding window");
+    cascade_decode_attention(q, key_cache, value_cache, bt, sl, scale, num_prefix_blocks, out);
+    return out;
+  }
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* qp = q.data_ptr<T>();

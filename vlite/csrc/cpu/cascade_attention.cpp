@@ -1,0 +1,277 @@
+// Cascade attention for decode rows (issue 47): when every row of a step starts with the same KV blocks
+// (a system prompt or document shared through the prefix cache), the prefix is attended once for all
+// rows, as a matrix product, and each row's own keys after it as usual; the two parts merge exactly
+// through their log-sum-exp:
+//
+//   prefix  for each (kv head h, chunk of kChunk prefix keys, group of query vectors), in parallel:
+//             the chunk's keys are laid out once with keys in vector lanes (16 keys per register), then
+//             every query vector of the group (rows x the head's G query heads) gets 16 scores per
+//             register with no horizontal sums, a softmax over the chunk, and P.V: its running max m,
+//             sum l and unnormalized output acc
+//   suffix  decode_attention_fast from key P * block_size on (float32 out, with each head's lse)
+//   merge   per query head: o = (sum_c e^(m_c - M) acc_c + e^(lse_s - M) o_s) / (sum_c e^(m_c - M) l_c + e^(lse_s - M))
+//
+// The plain kernel reads the prefix once per row: ~1.5 MB a layer at 2,000 tokens for the default model,
+// held in L2/L3 after the first row, so its cost is the arithmetic (scores as per-key dot products with
+// a horizontal sum per 16 keys). Here each chunk's layout change is paid once for all rows, and the
+// scores and P.V are register-blocked over several query vectors. bf16 caches on AVX512_BF16: vdpbf16ps
+// on key pairs (scores) and value pairs (P.V, probabilities rounded to bf16, as pv_bf16); otherwise
+// float32 FMAs on converted rows. The sums' order differs from the plain kernel's: a row's output is
+// the same attention up to rounding, not the same bits.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "vec.h"
+
+namespace vlite {
+
+namespace {
+constexpr int64_t kChunk = 256;    // prefix keys per unit (K and V of a chunk stay in L2)
+constexpr int64_t kVectors = 96;   // query vectors per unit (rows x query heads of one kv head)
+
+#if defined(VLITE_AVX512) && defined(__AVX512BF16__)
+template <typename T>
+constexpr bool kPairDot = std::is_same_v<T, c10::BFloat16>;
+#else
+template <typename T>
+constexpr bool kPairDot = false;
+#endif
+
+// Registers of accumulators per block of query vectors: a P.V block holds VB x NV of them.
+#if defined(VLITE_AVX512)
+constexpr int kAccVecs = 16;
+#elif defined(VLITE_AVX2)
+constexpr int kAccVecs = 4;  // a Vec16 is two ymm: 8 of the 16
+#else
+constexpr int kAccVecs = 4;
+#endif
+
+// One unit's outputs for its query vectors: where vector r (row n = r / G, head g = r % G of kv head h)
+// of chunk c writes its m, l and acc.
+struct PrefixOut {
+  float *m, *l, *acc;
+  int64_t N, H, G, D;
+  int64_t at(int64_t c, int64_t h, int64_t r) const { return (c * N + r / G) * H + h * G + r % G; }
+};
+
+// The chunk's key rows [j0, j0 + len) of one kv head's cache through the prefix's block ids.
+template <typename T>
+inline const T* key_row(const T* cache, const int64_t* blocks, int64_t BS, int64_t D, int64_t j) {
+  return cache + (blocks[j / BS] * BS + j % BS) * D;
+}
+
+template <int NV, typename T>
+void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, int64_t BS, int64_t j0, int64_t len,
+                 int64_t r0, int64_t R, int64_t h, int64_t c, float scale, const PrefixOut& po) {
+  constexpr int64_t D = NV * 16;
+  const int64_t G = po.G, H = po.H;
+  const int64_t len16 = (len + 15) / 16 * 16, ls = len16;
+  thread_local std::vector<float> s, kf, vf, qf;
+  s.resize(R * ls);
+  auto qrow = [&](int64_t r) { return q + ((r0 + r) / G * H + h * G + (r0 + r) % G) * D; };
+#if defined(VLITE_AVX512) && defined(__AVX512BF16__)
+  if constexpr (kPairDot<T>) {
+    // keys: [16-key group][D/2 pairs of dims][16 keys] as bf16 pairs; values: [key pair][D] as bf16 pairs
+    thread_local std::vector<uint32_t> kt, vp, pb;
+    kt.assign(len16 / 16 * (D / 2) * 16, 0u);
+    for (int64_t j = 0; j < len; ++j) {
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(key_row(kh, blocks, BS, D, j0 + j));
+      uint32_t* dst = kt.data() + (j / 16) * (D / 2) * 16 + j % 16;
+      for (int64_t dp = 0; dp < D / 2; ++dp) dst[dp * 16] = src[dp];
+    }
+    const int64_t pairs = (len + 1) / 2;
+    vp.resize(pairs * D);
+    for (int64_t jp = 0; jp < pairs; ++jp) {
+      const uint16_t* a = reinterpret_cast<const uint16_t*>(key_row(vh, blocks, BS, D, j0 + 2 * jp));
+      const uint16_t* b = 2 * jp + 1 < len ? reinterpret_cast<const uint16_t*>(key_row(vh, blocks, BS, D, j0 + 2 * jp + 1))
+                                           : nullptr;
+      uint32_t* dst = vp.data() + jp * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = a[d] | (b != nullptr ? static_cast<uint32_t>(b[d]) << 16 : 0u);
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int64_t kg = 0; kg < len16 / 16; ++kg) {  // scores: 16 keys a register, 4 query vectors at a time
+      const uint32_t* kb = kt.data() + kg * (D / 2) * 16;
+      for (int64_t r = 0; r < R; r += 4) {
+        const int64_t vb = std::min<int64_t>(4, R - r);
+        const uint32_t* qp[4];
+        for (int64_t b = 0; b < 4; ++b) qp[b] = reinterpret_cast<const uint32_t*>(qrow(r + std::min(b, vb - 1)));
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t dp = 0; dp < D / 2; ++dp) {
+          const __m512bh kv = (__m512bh)_mm512_loadu_si512(kb + dp * 16);
+          a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[0][dp])), kv);
+          a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[1][dp])), kv);
+          a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[2][dp])), kv);
+          a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[3][dp])), kv);
+        }
+        const __m512 acc4[4] = {a0, a1, a2, a3};
+        for (int64_t b = 0; b < vb; ++b) _mm512_storeu_ps(s.data() + (r + b) * ls + kg * 16, _mm512_mul_ps(acc4[b], sv));
+      }
+    }
+    const int64_t pst = (len + 31) / 32 * 16;  // a row's pairs, in whole 32-key registers
+    pb.resize(R * pst);
+    for (int64_t r = 0; r < R; ++r) {
+      float* sr = s.data() + r * ls;
+      softmax_numerators(sr, len, po.m + po.at(c, h, r0 + r), po.l + po.at(c, h, r0 + r));
+      for (int64_t jb = 0; jb < len16; jb += 32) {  // probabilities as bf16 pairs (zeros past len)
+        const __m512 hi = jb + 16 < len16 ? _mm512_loadu_ps(sr + jb + 16) : _mm512_setzero_ps();
+        _mm512_storeu_si512(pb.data() + r * pst + jb / 2,
+                            (__m512i)_mm512_cvtne2ps_pbh(hi, _mm512_loadu_ps(sr + jb)));
+      }
+    }
+    constexpr int VB = std::max(1, kAccVecs / NV);
+    for (int64_t r = 0; r < R; r += VB) {
+      const int64_t vb = std::min<int64_t>(VB, R - r);
+      __m512 a[VB][NV];
+      for (int b = 0; b < VB; ++b)
+        for (int cc = 0; cc < NV; ++cc) a[b][cc] = _mm512_setzero_ps();
+      const uint32_t* pr[VB];
+      for (int b = 0; b < VB; ++b) pr[b] = pb.data() + (r + std::min<int64_t>(b, vb - 1)) * pst;
+      for (int64_t jp = 0; jp < pairs; ++jp) {
+        __m512bh vv[NV];
+        for (int cc = 0; cc < NV; ++cc) vv[cc] = (__m512bh)_mm512_loadu_si512(vp.data() + jp * D + cc * 16);
+        for (int b = 0; b < VB; ++b) {
+          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(pr[b][jp]));
+          for (int cc = 0; cc < NV; ++cc) a[b][cc] = _mm512_dpbf16_ps(a[b][cc], p, vv[cc]);
+        }
+      }
+      for (int64_t b = 0; b < vb; ++b)
+        for (int cc = 0; cc < NV; ++cc) _mm512_storeu_ps(po.acc + po.at(c, h, r0 + r + b) * D + cc * 16, a[b][cc]);
+    }
+    return;
+  }
+#endif
+  // float32: keys as [16-key group][D][16 keys], values as rows, queries times the scale
+  kf.assign(len16 * D, 0.f);
+  vf.resize(len * D);
+  for (int64_t j = 0; j < len; ++j) {
+    const T* kp = key_row(kh, blocks, BS, D, j0 + j);
+    const T* vp = key_row(vh, blocks, BS, D, j0 + j);
+    float* dst = kf.data() + (j / 16) * D * 16 + j % 16;
+    for (int64_t d = 0; d < D; ++d) dst[d * 16] = to_float(kp[d]);
+    for (int cc = 0; cc < NV; ++cc) Vec16::load(vp + cc * 16).store(vf.data() + j * D + cc * 16);
+  }
+  qf.resize(R * D);
+  for (int64_t r = 0; r < R; ++r) {
+    const T* qp = qrow(r);
+    for (int64_t d = 0; d < D; ++d) qf[r * D + d] = to_float(qp[d]) * scale;
+  }
+  constexpr int SB = kAccVecs >= 16 ? 4 : 2;  // query vectors per pass over a key group's registers
+  for (int64_t kg = 0; kg < len16 / 16; ++kg) {
+    const float* kb = kf.data() + kg * D * 16;
+    for (int64_t r = 0; r < R; r += SB) {
+      const int64_t vb = std::min<int64_t>(SB, R - r);
+      const float* qp[SB];
+      for (int b = 0; b < SB; ++b) qp[b] = qf.data() + (r + std::min<int64_t>(b, vb - 1)) * D;
+      Vec16 a[SB];
+      for (int b = 0; b < SB; ++b) a[b] = Vec16::zero();
+      for (int64_t d = 0; d < D; ++d) {
+        const Vec16 kv = Vec16::load(kb + d * 16);
+        for (int b = 0; b < SB; ++b) a[b] = fmadd(Vec16::set1(qp[b][d]), kv, a[b]);
+      }
+      for (int64_t b = 0; b < vb; ++b) a[b].store(s.data() + (r + b) * ls + kg * 16);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    softmax_numerators(s.data() + r * ls, len, po.m + po.at(c, h, r0 + r), po.l + po.at(c, h, r0 + r));
+  constexpr int VB = std::max(1, kAccVecs / NV);
+  for (int64_t r = 0; r < R; r += VB) {
+    const int64_t vb = std::min<int64_t>(VB, R - r);
+    Vec16 a[VB][NV];
+    for (int b = 0; b < VB; ++b)
+      for (int cc = 0; cc < NV; ++cc) a[b][cc] = Vec16::zero();
+    const float* pr[VB];
+    for (int b = 0; b < VB; ++b) pr[b] = s.data() + (r + std::min<int64_t>(b, vb - 1)) * ls;
+    for (int64_t j = 0; j < len; ++j) {
+      Vec16 vv[NV];
+      for (int cc = 0; cc < NV; ++cc) vv[cc] = Vec16::load(vf.data() + j * D + cc * 16);
+      for (int b = 0; b < VB; ++b) {
+        const Vec16 p = Vec16::set1(pr[b][j]);
+        for (int cc = 0; cc < NV; ++cc) a[b][cc] = fmadd(p, vv[cc], a[b][cc]);
+      }
+    }
+    for (int64_t b = 0; b < vb; ++b)
+      for (int cc = 0; cc < NV; ++cc) a[b][cc].store(po.acc + po.at(c, h, r0 + r + b) * D + cc * 16);
+  }
+}
+
+template <int NV, typename T>
+void cascade_impl(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* sl, T* out, int64_t N,
+                  int64_t H, int64_t HKV, int64_t NB, int64_t BS, int64_t MB, float scale, int64_t P) {
+  constexpr int64_t D = NV * 16;
+  const int64_t G = H / HKV, Lp = P * BS, chunks = (Lp + kChunk - 1) / kChunk;
+  // the suffix: every row's own keys, float32 outputs and their log-sum-exp
+  std::vector<float> o_s(N * H * D), lse_s(N * H);
+  decode_attention_fast<NV, T, float>(q, kc, vc, bt, sl, o_s.data(), N, H, HKV, NB, BS, MB, scale, 0, Lp,
+                                      lse_s.data());
+  // the prefix: units of (kv head, chunk, group of query vectors)
+  std::vector<float> pm(chunks * N * H), pl(chunks * N * H), pacc(chunks * N * H * D);
+  const PrefixOut po{pm.data(), pl.data(), pacc.data(), N, H, G, D};
+  const int64_t vectors = N * G, groups = (vectors + kVectors - 1) / kVectors;
+  at::parallel_for(0, HKV * chunks * groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t h = u / (chunks * groups), c = u / groups % chunks, vg = u % groups;
+      const int64_t j0 = c * kChunk, r0 = vg * vectors / groups, r1 = (vg + 1) * vectors / groups;
+      prefix_unit<NV, T>(q, kc + h * NB * BS * D, vc + h * NB * BS * D, bt, BS, j0, std::min(kChunk, Lp - j0), r0,
+                         r1 - r0, h, c, scale, po);
+    }
+  });
+  at::parallel_for(0, N * H, 16, [&](int64_t begin, int64_t end) {  // merge: per query head
+    for (int64_t i = begin; i < end; ++i) {
+      float mx = lse_s[i];
+      for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, pm[c * N * H + i]);
+      const float ws = std::exp(lse_s[i] - mx);  // 0 where the row has no keys of its own (lse -inf)
+      float total = ws;
+      Vec16 o[NV];
+      for (int cc = 0; cc < NV; ++cc) o[cc] = Vec16::set1(ws) * Vec16::load(o_s.data() + i * D + cc * 16);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t t = c * N * H + i;
+        const float w = std::exp(pm[t] - mx);
+        total += w * pl[t];
+        const Vec16 wv = Vec16::set1(w);
+        for (int cc = 0; cc < NV; ++cc) o[cc] = fmadd(wv, Vec16::load(pacc.data() + t * D + cc * 16), o[cc]);
+      }
+      const Vec16 inv = Vec16::set1(1.f / total);
+      for (int cc = 0; cc < NV; ++cc) store16(out + i * D + cc * 16, o[cc] * inv);
+    }
+  });
+}
+}  // namespace
+
+void cascade_decode_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                              const at::Tensor& bt, const at::Tensor& sl, double scale, int64_t num_prefix_blocks,
+                              at::Tensor& out) {
+  const int64_t N = q.size(0), H = q.size(1), D = q.size(2), HKV = key_cache.size(0), NB = key_cache.size(1),
+                BS = key_cache.size(2), MB = bt.size(1), P = num_prefix_blocks;
+  TORCH_CHECK(D == 64 || D == 128 || D == 256, "cascade attention: head size 64, 128 or 256, got ", D);
+  TORCH_CHECK(P <= MB, "cascade attention: ", P, " prefix blocks but block tables of ", MB);
+  const int64_t* btp = bt.data_ptr<int64_t>();
+  const int64_t* slp = sl.data_ptr<int64_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    TORCH_CHECK(slp[n] >= P * BS, "cascade attention: seq_lens[", n, "] = ", slp[n], " is shorter than the ", P * BS,
+                "-token shared prefix");
+    TORCH_CHECK(std::memcmp(btp + n * MB, btp, P * sizeof(int64_t)) == 0, "cascade attention: row ", n,
+                " does not share the first ", P, " blocks");
+  }
+  for (int64_t b = 0; b < P; ++b)
+    TORCH_CHECK(btp[b] >= 0 && btp[b] < NB, "cascade attention: prefix block id ", btp[b], " outside [0, ", NB, ")");
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const float sc = static_cast<float>(scale);
+    auto go = [&](auto nv) {
+      constexpr int NV = decltype(nv)::value;
+      cascade_impl<NV, T>(q.data_ptr<T>(), key_cache.data_ptr<T>(), value_cache.data_ptr<T>(), btp, slp,
+                          out.data_ptr<T>(), N, H, HKV, NB, BS, MB, sc, P);
+    };
+    if (D == 64) go(std::integral_constant<int, 4>());
+    else if (D == 128) go(std::integral_constant<int, 8>());
+    else go(std::integral_constant<int, 16>());
+  };
+  if (q.scalar_type() == at::kBFloat16) run(c10::BFloat16());
+  else run(float());
+}
+
+}  // namespace vlite
