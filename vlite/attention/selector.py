@@ -4,7 +4,8 @@
     get_attn_backend(cuda)  -> TritonAttentionBackend (vlite.attention.backends.triton_attn: imports triton)
 
 The GPU backend is imported lazily, so CPU users never import Triton. A backend has
-get_kv_cache_shape, load_kernels, prefill_decode_rows_below and build_metadata (same inputs on both;
+get_kv_cache_shape, load_kernels, prefill_decode_rows_below, supports_cascade, use_cascade_attention (cascade
+attention's cost model) and build_metadata (same inputs on both;
 the CPU one reads max_query_len only for its all-decode fast path, the Triton one ignores
 max_decode_query_len, as its kernel takes speculative verify chunks as the causal chunks they are, and
 decode_rows_below); the layers call paged_attention here with whichever metadata the runner built.
@@ -27,15 +28,19 @@ class TorchSDPABackend:
     prefill_decode_rows_below = staticmethod(torch_sdpa.prefill_decode_rows_below)
     get_kv_cache_shape = staticmethod(torch_sdpa.get_kv_cache_shape)
     load_kernels = staticmethod(torch_sdpa.load_kernels)
+    supports_cascade = staticmethod(torch_sdpa.supports_cascade)
+    use_cascade_attention = staticmethod(torch_sdpa.use_cascade_attention)
 
     @staticmethod
     def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                        slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
                        max_query_len: Optional[int] = None,
                        max_decode_query_len: Union[int, torch.Tensor] = 1,
-                       decode_rows_below: int = 0, precise_rows: Optional[int] = None) -> torch_sdpa.TorchSDPAMetadata:
+                       decode_rows_below: int = 0, precise_rows: Optional[int] = None,
+                       common_prefix_len: int = 0) -> torch_sdpa.TorchSDPAMetadata:
         return torch_sdpa.build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, block_size, windows,
-                                         max_decode_query_len, decode_rows_below, max_query_len, precise_rows)
+                                         max_decode_query_len, decode_rows_below, max_query_len, precise_rows,
+                                         common_prefix_len)
 
 
 BACKENDS = ("TORCH_SDPA", "TRITON_ATTN")

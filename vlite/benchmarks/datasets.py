@@ -67,23 +67,28 @@ def tokenizer_special_ids(tokenizer: Any) -> set[int]:
 
 def random_requests(num_prompts: int, input_len: int, output_len: int, range_ratio: float = 0.0,
                     seed: int = 0, vocab_size: int = 32000, special_ids: Iterable[int] = (),
-                    token_ids: Optional[Sequence[int]] = None) -> list[BenchRequest]:
+                    token_ids: Optional[Sequence[int]] = None, shared_prefix_len: int = 0) -> list[BenchRequest]:
     """`num_prompts` requests of random token ids, lengths uniform in the ranges of `length_range`.
 
     The same arguments give the same requests. `token_ids` (the ids to draw from) defaults to
-    `allowed_token_ids(vocab_size, special_ids)`.
+    `allowed_token_ids(vocab_size, special_ids)`. `shared_prefix_len` > 0: every prompt starts with
+    the same that many random tokens (a system prompt or document all requests share), before its own
+    `input_len` ones (vLLM's random dataset `--random-prefix-len`).
     """
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be at least 1, got {num_prompts}")
     pool = list(token_ids) if token_ids is not None else allowed_token_ids(vocab_size, special_ids)
     in_lo, in_hi = length_range(input_len, range_ratio)
     out_lo, out_hi = length_range(output_len, range_ratio)
+    if shared_prefix_len < 0:
+        raise ValueError(f"shared_prefix_len must be at least 0, got {shared_prefix_len}")
     rng = random.Random(seed)
+    prefix = [rng.choice(pool) for _ in range(shared_prefix_len)]
     requests = []
     for _ in range(num_prompts):
         n_in = rng.randint(in_lo, in_hi)
         n_out = rng.randint(out_lo, out_hi)
-        requests.append(BenchRequest([rng.choice(pool) for _ in range(n_in)], n_out))
+        requests.append(BenchRequest(prefix + [rng.choice(pool) for _ in range(n_in)], n_out))
     return requests
 
 

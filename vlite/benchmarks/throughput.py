@@ -84,7 +84,8 @@ def get_requests(ns: argparse.Namespace, tokenizer: Any = None, vocab_size: int 
     if vocab_size is None:
         raise ValueError("random prompts need the model's vocab_size")
     return random_requests(ns.num_prompts or DEFAULT_NUM_PROMPTS, ns.input_len, ns.output_len, ns.range_ratio,
-                           ns.seed, vocab_size, tokenizer_special_ids(tokenizer) if tokenizer is not None else ())
+                           ns.seed, vocab_size, tokenizer_special_ids(tokenizer) if tokenizer is not None else (),
+                           shared_prefix_len=ns.shared_prefix_len)
 
 
 def _rates(num_requests: int, input_tokens: int, output_tokens: int, elapsed: float) -> dict[str, float]:

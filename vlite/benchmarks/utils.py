@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 from vlite import profiler
-from vlite.entrypoints.cli.args import parse_number, positive_int
+from vlite.entrypoints.cli.args import non_negative_int, parse_number, positive_int
 
 
 def range_ratio(text: str) -> float:
@@ -39,6 +39,9 @@ def add_dataset_args(parser: argparse.ArgumentParser, default_num_prompts: int) 
                        help="tokens generated per random request (default: %(default)s)")
     group.add_argument("--range-ratio", type=range_ratio, default=0.0, metavar="R",
                        help="random lengths are uniform in [(1-R)*len, (1+R)*len] (default: %(default)s)")
+    group.add_argument("--shared-prefix-len", type=non_negative_int, default=0, metavar="N",
+                       help="random prompts all start with the same N random tokens, before their own "
+                            "--input-len ones: a shared system prompt or document (default: %(default)s)")
     return group
 
 

@@ -113,5 +113,6 @@ class LlamaForCausalLM(CausalLM):
         hidden = self.embed(input_ids)
         rope = self.rope(positions, hidden.dtype)
         hidden = self._fused_stack.forward(hidden, *rope, kv_caches, attn_metadata.slot_mapping, d.block_table,
-                                           d.seq_lens, self._attn_scale, attn_metadata.precise_rows)
+                                           d.seq_lens, self._attn_scale, attn_metadata.precise_rows,
+                                           d.num_prefix_blocks)
         return self.norm(hidden)

@@ -141,6 +141,11 @@ class ModelRunner(LoRAModelRunnerMixin):
         # chunked (torch_sdpa.PREFILL_DECODE_ROWS_BELOW).
         self.prefill_decode_rows_below = self.attn_backend.prefill_decode_rows_below(
             dtype, arch.head_dim, arch.attn_logit_softcapping)
+        # Cascade attention (a prefix every running request shares, attended once for the step): where the
+        # backend's kernels take this model's attention; each step then asks its cost model.
+        self.cascade_heads = ((arch.num_attention_heads, arch.num_key_value_heads)
+                              if self.attn_backend.supports_cascade(dtype, arch.head_dim, arch.attn_logit_softcapping)
+                              else None)
         # Encoders attend within each whole sequence of a step and keep no KV cache.
         self.is_encoder = not arch.is_causal
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
@@ -213,7 +218,8 @@ class ModelRunner(LoRAModelRunnerMixin):
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model's hidden states for the step: a CUDA-graph replay for all-decode steps, else eager."""
         graphs = self.cuda_graphs
-        size = graphs.padded_size(len(inputs.rows), int(inputs.query_start_loc[-1])) if graphs else None
+        size = (graphs.padded_size(len(inputs.rows), int(inputs.query_start_loc[-1]),
+                                   inputs.attn_metadata.common_prefix_len) if graphs else None)
         if inputs.token_type_ids is not None:
             return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata,
                               token_type_ids=inputs.token_type_ids)
@@ -312,13 +318,30 @@ class ModelRunner(LoRAModelRunnerMixin):
                 dev["query_start_loc"], dev["seq_lens"], dev["block_table"], dev["slot_mapping"], self.block_size,
                 self.attention_windows, max_query_len=int(num_scheduled.max()),
                 max_decode_query_len=max_decode_query_len, decode_rows_below=self.prefill_decode_rows_below,
-                precise_rows=precise_rows)
+                precise_rows=precise_rows,
+                common_prefix_len=self._cascade_prefix_len(so.num_common_prefix_blocks, rows, num_computed,
+                                                           num_scheduled))
         inputs = StepInputs(req_ids, rows, num_scheduled, query_start_loc, dev["input_ids"], dev["positions"],
                             attn_metadata, dev["logits_indices"], sample_req_ids, rows[sample_mask], num_drafts,
                             draft_token_ids)
         if self.pooler is not None and getattr(self.model, "token_type_embeddings", None) is not None:
             inputs.token_type_ids = step_token_type_ids(inputs, num_computed, self.requests, self.device)
         return inputs
+
+    def _cascade_prefix_len(self, num_common_prefix_blocks: int, rows: np.ndarray, num_computed: np.ndarray,
+                            num_scheduled: np.ndarray) -> int:
+        """Tokens of the step's shared prefix to attend once for all its rows (vLLM's cascade prefix length),
+        or 0: the scheduler's common blocks, cut to what every request had computed before this step
+        (a request's new keys are its own) in whole blocks, when the backend's cost model says it pays."""
+        if not num_common_prefix_blocks or self.cascade_heads is None:
+            return 0
+        bs = self.block_size
+        length = min(num_common_prefix_blocks * bs, int(num_computed.min())) // bs * bs
+        if not length or not self.attn_backend.use_cascade_attention(length, num_scheduled, *self.cascade_heads, 0):
+            return 0
+        table = self.input_batch.block_table[rows, :length // bs]
+        # the scheduler counts blocks every running request holds: the same ids at the same places
+        return length if bool((table == table[:1]).all()) else 0
 
     def _compute_prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict:
         """Logprobs of each prompt token given the tokens before it, for requests that ask.

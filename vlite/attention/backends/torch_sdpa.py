@@ -68,6 +68,32 @@ def prefill_decode_rows_below(dtype: torch.dtype, head_dim: int, softcap: Option
     return PREFILL_DECODE_ROWS_BELOW if softcap is None and cpu_decode_attention.supports(dtype, head_dim) else 0
 
 
+# Cascade attention (csrc/cpu/cascade_attention.cpp) where a step's rows share a prefix of at least this
+# many tokens and number at least CASCADE_MIN_ROWS, with no request's chunk longer than
+# CASCADE_MAX_QUERY_LEN (the step then runs every token as a decode row: a long prompt chunk is faster
+# on SDPA). Measured per layer (SmolLM2-135M's 9/3 heads of 64, bf16, AVX-512, 2 cores, see
+# docs/benchmarks.md): at 2,000 shared tokens 4 rows 0.88x, 8 rows 1.04x, 16 1.17x, 32 1.30x the plain
+# kernel's speed; at 256 shared tokens 32 rows 1.01x.
+CASCADE_MIN_PREFIX = 256
+CASCADE_MIN_ROWS = 8
+CASCADE_MAX_QUERY_LEN = 256
+
+
+def supports_cascade(dtype: torch.dtype, head_dim: int, softcap: Optional[float]) -> bool:
+    """Whether the cascade kernel takes a model's attention (head sizes 64, 128, 256; no soft-capping)."""
+    return prefill_decode_rows_below(dtype, head_dim, softcap) > 0 and head_dim in (64, 128, 256)
+
+
+def use_cascade_attention(common_prefix_len: int, query_lens: Union[np.ndarray, Sequence[int]],
+                          num_query_heads: int, num_kv_heads: int, window: int) -> bool:
+    """Whether a step whose requests share their first `common_prefix_len` tokens runs faster with the
+    prefix attended once for all its rows (the thresholds above; no sliding window, C++ kernels loaded)."""
+    if window or _decode_kernel is None or common_prefix_len < CASCADE_MIN_PREFIX:
+        return False
+    lens = np.asarray(query_lens)
+    return int(lens.sum()) >= CASCADE_MIN_ROWS and int(lens.max()) <= CASCADE_MAX_QUERY_LEN
+
+
 def load_kernels() -> None:
     """Compile/load the optional C++ decode kernel now rather than in the first step."""
     global _decode_kernel
@@ -82,6 +108,8 @@ class _DecodeGroup:
     seq_lens: torch.Tensor  # [N] int64
     block_size: int
     window: int
+    # > 0: every row's first that many blocks are the same ones, attended once for all rows (cascade)
+    num_prefix_blocks: int = 0
 
     # The torch path's gather plan, built on first use: the C++ kernel reads the block table itself,
     # and building the plan costs ~0.1 ms per step.
@@ -179,7 +207,7 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
                    slot_mapping: torch.Tensor, block_size: int, windows: Sequence[int] = (0,),
                    max_decode_query_len: Union[int, torch.Tensor] = 1,
                    decode_rows_below: int = 0, max_query_len: Optional[int] = None,
-                   precise_rows: Optional[int] = None) -> TorchSDPAMetadata:
+                   precise_rows: Optional[int] = None, common_prefix_len: int = 0) -> TorchSDPAMetadata:
     """All inputs are CPU int tensors for the scheduled requests of this step, in batch order.
 
     `windows`: the distinct attention windows of the model's layers (0: full causal attention); one
@@ -195,7 +223,22 @@ def build_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_
     sort rows into decodes and prefill chunks (~60 us of a ~5 ms single-stream step, ~200 us with drafts).
     `precise_rows`: see TorchSDPAMetadata (a verify step's rows less its drafts: every request's rows are then
     computed as without speculation).
+    `common_prefix_len` > 0 (the runner's use_cascade_attention said so): every request's first that many
+    tokens are the same blocks, computed before this step; every token of the step runs as a decode row and
+    the layers without a window attend the prefix once for all of them (cascade attention).
     """
+    if common_prefix_len:
+        if common_prefix_len % block_size or common_prefix_len < 0:
+            raise ValueError(f"common_prefix_len ({common_prefix_len}) must be a non-negative multiple of "
+                             f"block_size ({block_size})")
+        if max_query_len is None:
+            max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        m = build_metadata(query_start_loc, seq_lens, block_table, slot_mapping, block_size, windows, max_query_len,
+                           0, max_query_len, precise_rows)
+        for view in (m, *m.others.values()):
+            if view.window == 0:
+                view.decode.num_prefix_blocks = common_prefix_len // block_size
+        return m
     if max_query_len is not None and isinstance(max_decode_query_len, int) and max_query_len <= max_decode_query_len:
         starts = query_start_loc[:-1]
         if max_query_len > 1:  # verify chunks: one decode row per token
@@ -280,7 +323,8 @@ def _attend_decodes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     num_kv_heads = key_cache.shape[0]
     if _decode_kernel is not None and softcap is None and cpu_decode_attention.can_run(query):
         return _decode_kernel.paged_decode_attention(query if whole_step else query[g.token_idx], key_cache,
-                                                     value_cache, g.block_table, g.seq_lens, scale, window)
+                                                     value_cache, g.block_table, g.seq_lens, scale, window,
+                                                     g.num_prefix_blocks)
     q = (query if whole_step else query[g.token_idx]).view(g.num_reqs, 1, num_heads, head_dim)
     k = key_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)  # [H_kv, N, L, D]
     v = value_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)

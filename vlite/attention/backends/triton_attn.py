@@ -96,6 +96,11 @@ class TritonAttentionBackend:
                                        block_table, max_query_len, precise_rows, common_prefix_len)
 
     @staticmethod
+    def supports_cascade(dtype: torch.dtype, head_dim: int, softcap: Optional[float]) -> bool:
+        """The Triton kernels cascade any head size, dtype and soft-capping."""
+        return True
+
+    @staticmethod
     def use_cascade_attention(common_prefix_len: int, query_lens: Union[np.ndarray, Sequence[int]],
                               num_query_heads: int, num_kv_heads: int, window: int) -> bool:
         """Whether cascading a step with this common prefix pays (triton_cascade.use_cascade_attention's

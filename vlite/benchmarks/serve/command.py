@@ -223,7 +223,7 @@ async def _workload(ns: argparse.Namespace, client: Any, base_url: str, headers:
     else:
         tokenizer, pool, vocab_source = load_vocabulary(model, root, ns.tokenizer)
         requests = random_requests(ns.num_prompts or DEFAULT_NUM_PROMPTS, ns.input_len, ns.output_len,
-                                   ns.range_ratio, ns.seed, token_ids=pool)
+                                   ns.range_ratio, ns.seed, token_ids=pool, shared_prefix_len=ns.shared_prefix_len)
     texts: list[Optional[str]] = [None] * len(requests)
     if chat:
         texts = list(await prompt_texts(client, base_url, headers, model, requests, tokenizer))

@@ -53,7 +53,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_layer", &vlite::LlamaDecodeStack::add_layer)
       .def("set_lora", &vlite::LlamaDecodeStack::set_lora, pybind11::arg("layer_index"), pybind11::arg("qkv"),
            pybind11::arg("o"), pybind11::arg("gate_up"), pybind11::arg("down"))
-      .def("forward", &vlite::LlamaDecodeStack::forward);
+      .def("forward", &vlite::LlamaDecodeStack::forward, pybind11::arg("hidden"), pybind11::arg("cos"),
+           pybind11::arg("signed_sin"), pybind11::arg("kv_caches"), pybind11::arg("slot_mapping"),
+           pybind11::arg("block_table"), pybind11::arg("seq_lens"), pybind11::arg("scale"),
+           pybind11::arg("precise_rows"), pybind11::arg("num_prefix_blocks") = 0);
   // shared_ptr holders: every LoRALinear of a step reads one mapping, and the decode stack holds them
   pybind11::class_<vlite::LoRAMapping, std::shared_ptr<vlite::LoRAMapping>>(m, "LoRAMapping", pybind11::module_local())
       .def(pybind11::init<>())

@@ -53,7 +53,8 @@ struct LlamaLayer {
 static at::Tensor llama_decode_layer(at::Tensor hidden, const LlamaLayer& l, const at::Tensor& cos,
                                      const at::Tensor& signed_sin, const at::Tensor& kv_cache,
                                      const at::Tensor& slot_mapping, const at::Tensor& block_table,
-                                     const at::Tensor& seq_lens, double scale, c10::optional<int64_t> precise_rows) {
+                                     const at::Tensor& seq_lens, double scale, c10::optional<int64_t> precise_rows,
+                                     int64_t num_prefix_blocks) {
   const int64_t T = hidden.size(0), num_heads = l.num_heads, num_kv_heads = l.num_kv_heads, head_dim = l.head_dim;
   auto x = rms_norm(hidden, l.input_norm, l.eps);
   auto qkv = run_linear(x, l.linears[0], precise_rows);
@@ -64,7 +65,7 @@ static at::Tensor llama_decode_layer(at::Tensor hidden, const LlamaLayer& l, con
   auto k = qkv3.narrow(1, num_heads, num_kv_heads), v = qkv3.narrow(1, num_heads + num_kv_heads, num_kv_heads);
   write_kv_cache(k, v, kv_cache, slot_mapping);
   auto o = paged_decode_attention(qkv3.narrow(1, 0, num_heads), kv_cache.select(0, 0), kv_cache.select(0, 1),
-                                  block_table, seq_lens, scale).view({T, num_heads * head_dim});
+                                  block_table, seq_lens, scale, 0, num_prefix_blocks).view({T, num_heads * head_dim});
   auto h = run_linear(o, l.linears[1], precise_rows, hidden.contiguous());
   if (l.lora[1]) l.lora[1]->apply(h, o);
   auto y = rms_norm(h, l.post_norm, l.eps);
@@ -98,16 +99,17 @@ struct LlamaDecodeStack {
   }
 
   // hidden [T, hidden] after the embedding; kv_caches: one per layer; returns the last layer's output.
-  // precise_rows: the step's row count that decides the float32 residual row (None: T)
+  // precise_rows: the step's row count that decides the float32 residual row (None: T);
+  // num_prefix_blocks > 0: the rows share their first that many blocks (cascade attention)
   at::Tensor forward(at::Tensor hidden, at::Tensor cos, at::Tensor signed_sin,
                      const std::vector<at::Tensor>& kv_caches, at::Tensor slot_mapping,
                      at::Tensor block_table, at::Tensor seq_lens, double scale,
-                     c10::optional<int64_t> precise_rows) const {
+                     c10::optional<int64_t> precise_rows, int64_t num_prefix_blocks = 0) const {
     TORCH_CHECK(kv_caches.size() == layers.size(), "LlamaDecodeStack: ", layers.size(), " layers but ",
                 kv_caches.size(), " KV caches");
     for (size_t i = 0; i < layers.size(); ++i)
       hidden = llama_decode_layer(hidden, layers[i], cos, signed_sin, kv_caches[i], slot_mapping, block_table,
-                                  seq_lens, scale, precise_rows);
+                                  seq_lens, scale, precise_rows, num_prefix_blocks);
     return hidden;
   }
 };
