@@ -70,12 +70,14 @@ def test_common_prefix_len_must_be_whole_blocks():
 
 def test_use_cascade_attention_thresholds(monkeypatch):
     use = torch_sdpa.use_cascade_attention
-    rows = np.ones(torch_sdpa.CASCADE_MIN_ROWS, dtype=np.int64)
+    rows = np.ones(torch_sdpa.CASCADE_MIN_VECTORS // 3, dtype=np.int64)  # x 3 query heads per kv head
     assert use(torch_sdpa.CASCADE_MIN_PREFIX, rows, 9, 3, 0)
     assert not use(torch_sdpa.CASCADE_MIN_PREFIX - BS, rows, 9, 3, 0)  # too short a prefix
     assert not use(2000, rows[1:], 9, 3, 0)  # too few rows
-    assert use(2000, [4] * 2, 9, 3, 0)  # rows are tokens: two 4-token chunks are 8 rows
-    assert not use(2000, [1] * 8 + [torch_sdpa.CASCADE_MAX_QUERY_LEN + 1], 9, 3, 0)  # a long prompt chunk
+    assert use(2000, rows[:6], 9, 3, 0, head_dim=128)  # larger heads: fewer rows pay
+    assert not use(2000, rows[1:], 12, 12, 0)  # no grouped query heads: each row one vector per kv head
+    assert use(2000, [len(rows) // 2] * 2, 9, 3, 0)  # rows are tokens: two chunks of 8 are 16 rows
+    assert not use(2000, [1] * 16 + [torch_sdpa.CASCADE_MAX_QUERY_LEN + 1], 9, 3, 0)  # a long prompt chunk
     assert not use(2000, rows, 9, 3, 4096)  # a sliding window
     monkeypatch.setattr(torch_sdpa, "_decode_kernel", None)
     assert not use(2000, rows, 9, 3, 0)  # the torch path has no cascade

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_cascade_same_greedy_tokens(hf_tokenizer, monkeypatch):
     ids = corpus_ids(hf_tokenizer)
     prefix = ids[1000:1300]
-    prompts = [prefix + ids[3000 + 50 * i:3000 + 50 * i + 3 + 4 * i] for i in range(10)]
+    prompts = [prefix + ids[3000 + 50 * i:3000 + 50 * i + 3 + 4 * i] for i in range(16)]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     lengths = []
     original = ModelRunner._cascade_prefix_len
@@ -31,9 +31,9 @@ def test_cascade_same_greedy_tokens(hf_tokenizer, monkeypatch):
     llm = LLM(dtype="float32")
     on = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                                        use_tqdm=False)]
-    # every decode step of the ten requests cascades their 18 whole shared blocks (288 tokens)
+    # each decode step of the 16 requests (48 query vectors per kv head) cascades 18 shared blocks (288 tokens)
     assert lengths.count(288) >= 20, lengths
-    monkeypatch.setattr(torch_sdpa, "CASCADE_MIN_ROWS", 1 << 30)
+    monkeypatch.setattr(torch_sdpa, "CASCADE_MIN_VECTORS", 1 << 30)
     lengths.clear()
     llm.reset_prefix_cache()
     off = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,

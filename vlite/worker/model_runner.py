@@ -143,7 +143,7 @@ class ModelRunner(LoRAModelRunnerMixin):
             dtype, arch.head_dim, arch.attn_logit_softcapping)
         # Cascade attention (a prefix every running request shares, attended once for the step): where the
         # backend's kernels take this model's attention; each step then asks its cost model.
-        self.cascade_heads = ((arch.num_attention_heads, arch.num_key_value_heads)
+        self.cascade_heads = ((arch.num_attention_heads, arch.num_key_value_heads, 0, arch.head_dim)
                               if self.attn_backend.supports_cascade(dtype, arch.head_dim, arch.attn_logit_softcapping)
                               else None)
         # Encoders attend within each whole sequence of a step and keep no KV cache.
@@ -337,7 +337,7 @@ class ModelRunner(LoRAModelRunnerMixin):
             return 0
         bs = self.block_size
         length = min(num_common_prefix_blocks * bs, int(num_computed.min())) // bs * bs
-        if not length or not self.attn_backend.use_cascade_attention(length, num_scheduled, *self.cascade_heads, 0):
+        if not length or not self.attn_backend.use_cascade_attention(length, num_scheduled, *self.cascade_heads):
             return 0
         table = self.input_batch.block_table[rows, :length // bs]
         # the scheduler counts blocks every running request holds: the same ids at the same places

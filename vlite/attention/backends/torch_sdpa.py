@@ -68,14 +68,18 @@ def prefill_decode_rows_below(dtype: torch.dtype, head_dim: int, softcap: Option
     return PREFILL_DECODE_ROWS_BELOW if softcap is None and cpu_decode_attention.supports(dtype, head_dim) else 0
 
 
-# Cascade attention (csrc/cpu/cascade_attention.cpp) where a step's rows share a prefix of at least this
-# many tokens and number at least CASCADE_MIN_ROWS, with no request's chunk longer than
-# CASCADE_MAX_QUERY_LEN (the step then runs every token as a decode row: a long prompt chunk is faster
-# on SDPA). Measured per layer (SmolLM2-135M's 9/3 heads of 64, bf16, AVX-512, 2 cores, see
-# docs/benchmarks.md): at 2,000 shared tokens 4 rows 0.88x, 8 rows 1.04x, 16 1.17x, 32 1.30x the plain
-# kernel's speed; at 256 shared tokens 32 rows 1.01x.
+# Cascade attention (csrc/cpu/cascade_attention.cpp) where a step's rows share a prefix of at least
+# CASCADE_MIN_PREFIX tokens, its query vectors per kv head (rows x query heads per kv head) number at
+# least CASCADE_MIN_VECTORS (head size 64; 16 for larger heads, whose plain kernel gains less from its
+# own query heads), and no request's chunk is longer than CASCADE_MAX_QUERY_LEN (every token of the step
+# then runs as a decode row: a long prompt chunk is faster on SDPA). The cascade's fixed cost is laying
+# out each prefix chunk's keys and values for all rows; its gain, fewer operations per score. Measured,
+# cascade vs plain kernel per layer at 2,000 shared tokens, one thread (`vlite bench` figures in
+# docs/benchmarks.md): 9/3 heads of 64 (SmolLM2-135M) bf16 AVX-512 8 rows 0.88x, 12 0.97-1.07x, 16
+# 1.08x, 32 1.25-1.31x, 96 1.38x; AVX2 8 rows 0.94x, 32 1.27x; 32/8 heads of 64 (Llama 3.2 1B) 8 rows
+# 0.93x, 16 1.13x; 24/8 heads of 128 (3B) 8 rows 1.18x, 16 1.48x; 8/8 of 128, 32 rows 1.74x.
 CASCADE_MIN_PREFIX = 256
-CASCADE_MIN_ROWS = 8
+CASCADE_MIN_VECTORS = 48
 CASCADE_MAX_QUERY_LEN = 256
 
 
@@ -85,13 +89,14 @@ def supports_cascade(dtype: torch.dtype, head_dim: int, softcap: Optional[float]
 
 
 def use_cascade_attention(common_prefix_len: int, query_lens: Union[np.ndarray, Sequence[int]],
-                          num_query_heads: int, num_kv_heads: int, window: int) -> bool:
+                          num_query_heads: int, num_kv_heads: int, window: int, head_dim: int = 64) -> bool:
     """Whether a step whose requests share their first `common_prefix_len` tokens runs faster with the
     prefix attended once for all its rows (the thresholds above; no sliding window, C++ kernels loaded)."""
     if window or _decode_kernel is None or common_prefix_len < CASCADE_MIN_PREFIX:
         return False
     lens = np.asarray(query_lens)
-    return int(lens.sum()) >= CASCADE_MIN_ROWS and int(lens.max()) <= CASCADE_MAX_QUERY_LEN
+    vectors = int(lens.sum()) * (num_query_heads // num_kv_heads)
+    return vectors >= (CASCADE_MIN_VECTORS if head_dim <= 64 else 16) and int(lens.max()) <= CASCADE_MAX_QUERY_LEN
 
 
 def load_kernels() -> None:

@@ -102,7 +102,7 @@ class TritonAttentionBackend:
 
     @staticmethod
     def use_cascade_attention(common_prefix_len: int, query_lens: Union[np.ndarray, Sequence[int]],
-                              num_query_heads: int, num_kv_heads: int, window: int) -> bool:
+                              num_query_heads: int, num_kv_heads: int, window: int, head_dim: int = 128) -> bool:
         """Whether cascading a step with this common prefix pays (triton_cascade.use_cascade_attention's
         cost model: prefix >= 256 tokens, >= 8 requests, no sliding window, fewer waves of programs)."""
         return use_cascade_attention(common_prefix_len, query_lens, num_query_heads, num_kv_heads, window)

@@ -41,13 +41,15 @@ template <typename T>
 constexpr bool kPairDot = false;
 #endif
 
-// Registers of accumulators per block of query vectors: a P.V block holds VB x NV of them.
+// Register blocking of the float32 path (a Vec16: one zmm, two ymm): scores for kScoreVecs query vectors
+// per pass over 16 keys (independent FMA chains), P.V over slices of kSliceVecs Vec16 of a value row for
+// kPvVecs query vectors (the accumulators: kSliceVecs x kPvVecs Vec16 of the 32 zmm / 16 ymm).
 #if defined(VLITE_AVX512)
-constexpr int kAccVecs = 16;
+constexpr int kScoreVecs = 8, kSliceVecs = 4, kPvVecs = 4;
 #elif defined(VLITE_AVX2)
-constexpr int kAccVecs = 4;  // a Vec16 is two ymm: 8 of the 16
+constexpr int kScoreVecs = 4, kSliceVecs = 2, kPvVecs = 3;
 #else
-constexpr int kAccVecs = 4;
+constexpr int kScoreVecs = 4, kSliceVecs = 4, kPvVecs = 1;
 #endif
 
 // One unit's outputs for its query vectors: where vector r (row n = r / G, head g = r % G of kv head h)
@@ -83,32 +85,38 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
       uint32_t* dst = kt.data() + (j / 16) * (D / 2) * 16 + j % 16;
       for (int64_t dp = 0; dp < D / 2; ++dp) dst[dp * 16] = src[dp];
     }
+    // values: a key pair's rows interleaved (vpunpck{l,h}wd), so lane i of register 2c (2c + 1) holds
+    // d = 32c + 8 (i / 4) + i % 4 (+ 4) of both keys; the accumulators are put back in order at the end
     const int64_t pairs = (len + 1) / 2;
     vp.resize(pairs * D);
     for (int64_t jp = 0; jp < pairs; ++jp) {
-      const uint16_t* a = reinterpret_cast<const uint16_t*>(key_row(vh, blocks, BS, D, j0 + 2 * jp));
-      const uint16_t* b = 2 * jp + 1 < len ? reinterpret_cast<const uint16_t*>(key_row(vh, blocks, BS, D, j0 + 2 * jp + 1))
-                                           : nullptr;
-      uint32_t* dst = vp.data() + jp * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = a[d] | (b != nullptr ? static_cast<uint32_t>(b[d]) << 16 : 0u);
+      const T* a = key_row(vh, blocks, BS, D, j0 + 2 * jp);
+      const T* b = 2 * jp + 1 < len ? key_row(vh, blocks, BS, D, j0 + 2 * jp + 1) : nullptr;
+      for (int64_t c = 0; c < D / 32; ++c) {
+        const __m512i x = _mm512_loadu_si512(a + 32 * c);
+        const __m512i y = b != nullptr ? _mm512_loadu_si512(b + 32 * c) : _mm512_setzero_si512();
+        _mm512_storeu_si512(vp.data() + jp * D + 32 * c, _mm512_unpacklo_epi16(x, y));
+        _mm512_storeu_si512(vp.data() + jp * D + 32 * c + 16, _mm512_unpackhi_epi16(x, y));
+      }
     }
     const __m512 sv = _mm512_set1_ps(scale);
-    for (int64_t kg = 0; kg < len16 / 16; ++kg) {  // scores: 16 keys a register, 4 query vectors at a time
+    constexpr int SB = 8;  // query vectors per pass: 8 independent vdpbf16ps chains hide its latency
+    for (int64_t kg = 0; kg < len16 / 16; ++kg) {  // scores: 16 keys a register
       const uint32_t* kb = kt.data() + kg * (D / 2) * 16;
-      for (int64_t r = 0; r < R; r += 4) {
-        const int64_t vb = std::min<int64_t>(4, R - r);
-        const uint32_t* qp[4];
-        for (int64_t b = 0; b < 4; ++b) qp[b] = reinterpret_cast<const uint32_t*>(qrow(r + std::min(b, vb - 1)));
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t r = 0; r < R; r += SB) {
+        const int64_t vb = std::min<int64_t>(SB, R - r);
+        const uint32_t* qp[SB];
+        for (int64_t b = 0; b < SB; ++b) qp[b] = reinterpret_cast<const uint32_t*>(qrow(r + std::min(b, vb - 1)));
+        __m512 a[SB];
+#pragma GCC unroll 8
+        for (int b = 0; b < SB; ++b) a[b] = _mm512_setzero_ps();
         for (int64_t dp = 0; dp < D / 2; ++dp) {
           const __m512bh kv = (__m512bh)_mm512_loadu_si512(kb + dp * 16);
-          a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[0][dp])), kv);
-          a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[1][dp])), kv);
-          a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[2][dp])), kv);
-          a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[3][dp])), kv);
+#pragma GCC unroll 8
+          for (int b = 0; b < SB; ++b)
+            a[b] = _mm512_dpbf16_ps(a[b], (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[b][dp])), kv);
         }
-        const __m512 acc4[4] = {a0, a1, a2, a3};
-        for (int64_t b = 0; b < vb; ++b) _mm512_storeu_ps(s.data() + (r + b) * ls + kg * 16, _mm512_mul_ps(acc4[b], sv));
+        for (int64_t b = 0; b < vb; ++b) _mm512_storeu_ps(s.data() + (r + b) * ls + kg * 16, _mm512_mul_ps(a[b], sv));
       }
     }
     const int64_t pst = (len + 31) / 32 * 16;  // a row's pairs, in whole 32-key registers
@@ -122,7 +130,7 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
                             (__m512i)_mm512_cvtne2ps_pbh(hi, _mm512_loadu_ps(sr + jb)));
       }
     }
-    constexpr int VB = std::max(1, kAccVecs / NV);
+    constexpr int VB = std::max(1, 16 / NV);  // accumulators: VB x NV zmm
     for (int64_t r = 0; r < R; r += VB) {
       const int64_t vb = std::min<int64_t>(VB, R - r);
       __m512 a[VB][NV];
@@ -138,8 +146,15 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
           for (int cc = 0; cc < NV; ++cc) a[b][cc] = _mm512_dpbf16_ps(a[b][cc], p, vv[cc]);
         }
       }
-      for (int64_t b = 0; b < vb; ++b)
-        for (int cc = 0; cc < NV; ++cc) _mm512_storeu_ps(po.acc + po.at(c, h, r0 + r + b) * D + cc * 16, a[b][cc]);
+      const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+      const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+      for (int64_t b = 0; b < vb; ++b) {
+        float* dst = po.acc + po.at(c, h, r0 + r + b) * D;
+        for (int cc = 0; cc < NV; cc += 2) {
+          _mm512_storeu_ps(dst + cc * 16, _mm512_permutex2var_ps(a[b][cc], first, a[b][cc + 1]));
+          _mm512_storeu_ps(dst + cc * 16 + 16, _mm512_permutex2var_ps(a[b][cc], second, a[b][cc + 1]));
+        }
+      }
     }
     return;
   }
@@ -159,7 +174,7 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
     const T* qp = qrow(r);
     for (int64_t d = 0; d < D; ++d) qf[r * D + d] = to_float(qp[d]) * scale;
   }
-  constexpr int SB = kAccVecs >= 16 ? 4 : 2;  // query vectors per pass over a key group's registers
+  constexpr int SB = kScoreVecs;
   for (int64_t kg = 0; kg < len16 / 16; ++kg) {
     const float* kb = kf.data() + kg * D * 16;
     for (int64_t r = 0; r < R; r += SB) {
@@ -167,9 +182,11 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
       const float* qp[SB];
       for (int b = 0; b < SB; ++b) qp[b] = qf.data() + (r + std::min<int64_t>(b, vb - 1)) * D;
       Vec16 a[SB];
+#pragma GCC unroll 8
       for (int b = 0; b < SB; ++b) a[b] = Vec16::zero();
       for (int64_t d = 0; d < D; ++d) {
         const Vec16 kv = Vec16::load(kb + d * 16);
+#pragma GCC unroll 8
         for (int b = 0; b < SB; ++b) a[b] = fmadd(Vec16::set1(qp[b][d]), kv, a[b]);
       }
       for (int64_t b = 0; b < vb; ++b) a[b].store(s.data() + (r + b) * ls + kg * 16);
@@ -177,24 +194,31 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
   }
   for (int64_t r = 0; r < R; ++r)
     softmax_numerators(s.data() + r * ls, len, po.m + po.at(c, h, r0 + r), po.l + po.at(c, h, r0 + r));
-  constexpr int VB = std::max(1, kAccVecs / NV);
+  constexpr int VB = kPvVecs, SL = std::min(kSliceVecs, NV);
   for (int64_t r = 0; r < R; r += VB) {
     const int64_t vb = std::min<int64_t>(VB, R - r);
-    Vec16 a[VB][NV];
-    for (int b = 0; b < VB; ++b)
-      for (int cc = 0; cc < NV; ++cc) a[b][cc] = Vec16::zero();
     const float* pr[VB];
     for (int b = 0; b < VB; ++b) pr[b] = s.data() + (r + std::min<int64_t>(b, vb - 1)) * ls;
-    for (int64_t j = 0; j < len; ++j) {
-      Vec16 vv[NV];
-      for (int cc = 0; cc < NV; ++cc) vv[cc] = Vec16::load(vf.data() + j * D + cc * 16);
-      for (int b = 0; b < VB; ++b) {
-        const Vec16 p = Vec16::set1(pr[b][j]);
-        for (int cc = 0; cc < NV; ++cc) a[b][cc] = fmadd(p, vv[cc], a[b][cc]);
+    for (int c0 = 0; c0 < NV; c0 += SL) {  // a slice of the value rows at a time
+      Vec16 a[VB][SL];
+#pragma GCC unroll 4
+      for (int b = 0; b < VB; ++b)
+#pragma GCC unroll 4
+        for (int cc = 0; cc < SL; ++cc) a[b][cc] = Vec16::zero();
+      for (int64_t j = 0; j < len; ++j) {
+        Vec16 vv[SL];
+#pragma GCC unroll 4
+        for (int cc = 0; cc < SL; ++cc) vv[cc] = Vec16::load(vf.data() + j * D + (c0 + cc) * 16);
+#pragma GCC unroll 4
+        for (int b = 0; b < VB; ++b) {
+          const Vec16 p = Vec16::set1(pr[b][j]);
+#pragma GCC unroll 4
+          for (int cc = 0; cc < SL; ++cc) a[b][cc] = fmadd(p, vv[cc], a[b][cc]);
+        }
       }
+      for (int64_t b = 0; b < vb; ++b)
+        for (int cc = 0; cc < SL; ++cc) a[b][cc].store(po.acc + po.at(c, h, r0 + r + b) * D + (c0 + cc) * 16);
     }
-    for (int64_t b = 0; b < vb; ++b)
-      for (int cc = 0; cc < NV; ++cc) a[b][cc].store(po.acc + po.at(c, h, r0 + r + b) * D + cc * 16);
   }
 }
 
