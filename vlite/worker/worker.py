@@ -166,6 +166,7 @@ class Worker:
     def close(self) -> None:
         from vlite.distributed.parallel_state import destroy_tp_group
 
+        self.runner.shutdown_kv_connector()
         destroy_tp_group()
 
 
