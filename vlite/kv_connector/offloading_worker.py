@@ -57,6 +57,8 @@ class OffloadingWorker:
         self.block_shape = (len(kv_caches), 2, self.num_kv_heads, self.block_size, self.head_dim)
         self.payload_bytes = cache.element_size() * len(kv_caches) * 2 * self.num_kv_heads * self.block_size \
             * self.head_dim
+        if self._threads:
+            return
         for target, name in ((self._load_loop, "vlite-kv-load"), (self._save_loop, "vlite-kv-save")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
