@@ -116,3 +116,15 @@ def test_full_disk_turns_saving_off(store, monkeypatch, caplog):
         assert not store.save(h(2), payload(2))
     assert caplog.text.count("is full") == 1 and not store.writable
     assert not [n for _, _, files in os.walk(store.root) for n in files if ".tmp." in n]
+
+
+def test_a_dead_writers_temporary_file_is_removed_by_a_scan(store):
+    store.save(h(1), payload(1))
+    tmp = store.path(h(2)) + ".tmp.999999.1"
+    os.makedirs(os.path.dirname(tmp), exist_ok=True)
+    open(tmp, "wb").write(b"half a block")
+    store.scan_size()
+    assert os.path.exists(tmp)  # recent: maybe a live writer's
+    os.utime(tmp, (1000, 1000))
+    store.scan_size()
+    assert not os.path.exists(tmp) and store.contains(h(1))

@@ -25,6 +25,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import zlib
 from typing import Optional
 
@@ -37,6 +38,8 @@ SUFFIX = ".kv"
 _EVICT_TO = 0.9
 # Writes between two scans of the directory's real size (other processes write to it too).
 _RESCAN_EVERY = 256
+# A temporary file older than this was left by a writer that died mid-write: deleted by the next scan.
+_STALE_TMP_S = 3600.0
 
 
 class DiskKVStore:
@@ -145,8 +148,9 @@ class DiskKVStore:
     # ---- quota --------------------------------------------------------------------------------
 
     def _files(self) -> list[tuple[float, int, str]]:
-        """(mtime, size, path) of every block file under the root (every model's)."""
+        """(mtime, size, path) of every block file under the root (every model's); stale temporaries go."""
         out = []
+        stale = time.time() - _STALE_TMP_S
         stack = [self.root]
         while stack:
             try:
@@ -160,6 +164,8 @@ class DiskKVStore:
                     elif entry.name.endswith(SUFFIX):
                         st = entry.stat(follow_symlinks=False)
                         out.append((st.st_mtime, st.st_size, entry.path))
+                    elif ".kv.tmp." in entry.name and entry.stat(follow_symlinks=False).st_mtime < stale:
+                        self._remove(entry.path)
                 except OSError:
                     continue  # vanished meanwhile
         return out
