@@ -128,3 +128,4 @@ def test_a_dead_writers_temporary_file_is_removed_by_a_scan(store):
     os.utime(tmp, (1000, 1000))
     store.scan_size()
     assert not os.path.exists(tmp) and store.contains(h(1))
+

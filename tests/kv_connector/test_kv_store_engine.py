@@ -88,3 +88,14 @@ def test_worker_process_saves_and_loads(tmp_path, reference):
     llm = LLM(kv_offload_dir=str(tmp_path), distributed_executor_backend="mp", **ENGINE)
     assert run(llm) == (reference, 192)
     llm.llm_engine.engine_core.shutdown()
+
+
+def test_tensor_parallel_ranks_store_their_own_heads(tmp_path):
+    """Each rank saves and loads its own heads; the request waits for every rank's load."""
+    first = LLM(kv_offload_dir=str(tmp_path), tensor_parallel_size=2, **ENGINE)
+    tokens, cached = run(first)
+    first.llm_engine.engine_core.shutdown()
+    assert cached == 0 and len(glob.glob(str(tmp_path / "*-tp1of2" / "*" / "*.kv"))) == 12
+    second = LLM(kv_offload_dir=str(tmp_path), tensor_parallel_size=2, **ENGINE)
+    assert run(second) == (tokens, 192)
+    second.llm_engine.engine_core.shutdown()

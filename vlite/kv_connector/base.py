@@ -67,6 +67,27 @@ class KVConnectorStats:
     hits: int = 0  # of those, tokens found outside the engine (and loaded)
 
 
+class KVOutputAggregator:
+    """Tensor parallelism: each rank loads its own heads of a request's blocks and reports on its own. The load is
+    done once every rank reported it, with the fewest blocks any rank loaded (vLLM's KVOutputAggregator)."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._reports: dict[str, list[int]] = {}  # req_id -> the counts of the ranks that reported it so far
+
+    def aggregate(self, outputs: list[KVConnectorOutput | None]) -> KVConnectorOutput | None:
+        if all(output is None for output in outputs):
+            return None
+        done: dict[str, int] = {}
+        for output in outputs:
+            for req_id, num_loaded in (output.finished_recving.items() if output is not None else ()):
+                counts = self._reports.setdefault(req_id, [])
+                counts.append(num_loaded)
+                if len(counts) == self.world_size:
+                    done[req_id] = min(self._reports.pop(req_id))
+        return KVConnectorOutput(finished_recving=done)
+
+
 class KVConnectorBase(ABC):
     """The two halves of a connector; each instance serves the methods of its `role`."""
 

@@ -56,8 +56,6 @@ def unsupported_reason(loaded: LoadedEngineConfig) -> Optional[str]:
         return "prefix caching is off"
     if loaded.arch.kv_sliding_window is not None:
         return "the model frees KV blocks behind its sliding window"
-    if cfg.parallel_config.tensor_parallel_size > 1:
-        return "tensor parallelism is not supported by the KV store yet"
     return None
 
 
