@@ -64,7 +64,8 @@ class PrometheusStatLogger:
         self.model_name = model_name
         self._last: Optional[SchedulerStats] = None
         for m in (self.num_running, self.num_waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
-                  self.external_prefix_queries, self.external_prefix_hits, self.preemptions, self.prompt_tokens, self.generation_tokens):
+                  self.external_prefix_queries, self.external_prefix_hits, self.preemptions, self.prompt_tokens,
+                  self.generation_tokens):
             m.labels(model_name)
 
     def __call__(self, stats: Optional[SchedulerStats], it: Optional[IterationStats]) -> None:

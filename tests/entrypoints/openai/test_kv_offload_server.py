@@ -54,5 +54,5 @@ def test_restart_reuses_the_stored_prefix(tmp_path_factory):
         assert stop_server(second) == 0
     assert after["choices"][0]["text"] == before["choices"][0]["text"]
     prompt_tokens = after["usage"]["prompt_tokens"]
-    hits = metrics["vllm:external_prefix_cache_hits_total"]
-    assert hits == (prompt_tokens - 1) // 16 * 16 and metrics["vllm:external_prefix_cache_queries_total"] == prompt_tokens
+    assert metrics["vllm:external_prefix_cache_hits_total"] == (prompt_tokens - 1) // 16 * 16
+    assert metrics["vllm:external_prefix_cache_queries_total"] == prompt_tokens
