@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -128,6 +129,10 @@ class OffloadingWorker:
         self._saves.put(([block_hash for block_hash, _ in saves], host))
 
     def _save_loop(self) -> None:
+        try:  # Linux: a thread is a task with its own nice value; writes yield the CPU to the engine's steps
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (OSError, AttributeError):
+            pass
         while (job := self._saves.get()) is not _STOP:
             hashes, host = job
             rows = host.numpy()
