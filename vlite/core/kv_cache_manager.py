@@ -220,8 +220,8 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
 
-    def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
+    def reset_prefix_cache(self, force: bool = False) -> bool:
+        return self.block_pool.reset_prefix_cache(force)
 
 
 class EncoderOnlyKVCacheManager(KVCacheManager):

@@ -150,3 +150,26 @@ def test_prompt_logprobs_and_short_prompts_skip_the_store() -> None:
     sched.add_request(a)
     sched.add_request(b)
     assert new_ids(step(sched)) == ["a", "b"]
+
+
+def test_step_failure_while_loading_drops_the_loaded_prefix() -> None:
+    """A step raised while `a` loads: its blocks may hold K/V that step never wrote, so once the load is
+    reported they are freed uncached and `a` is admitted afresh (the store asked again)."""
+    sched, store = make()
+    a, b = req("a", prompt(100), 1.0), req("b", prompt(200), 2.0)
+    store.put_prompt(a.prompt_token_ids, 3)
+    sched.add_request(a)
+    sched.add_request(b)
+    out = sched.schedule()
+    assert new_ids(out) == ["b"] and a.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert sched.handle_step_failure(out) == [b]  # b alone in the step: it failed
+    assert sched.kv_cache_manager.get_num_blocks("a") == 3  # still held: the worker may be writing them
+    step(sched, loaded={"a": 3})
+    out = step(sched)
+    assert new_ids(out) == [] and a.status == RequestStatus.WAITING_FOR_REMOTE_KVS  # loading again, afresh
+    step(sched, loaded={"a": 3})
+    out = step(sched)
+    assert new_ids(out) == ["a"] and out.scheduled_new_reqs[0].num_computed_tokens == 12
+    while sched.has_unfinished_requests():
+        step(sched)
+    assert sched.kv_cache_manager.get_num_free_blocks() == NUM_BLOCKS

@@ -31,6 +31,7 @@ class RemoteKVScheduling:
         self._kv_done: dict[str, int] = {}  # req_id -> blocks loaded, reported by the worker, not yet promoted
         self._kv_free_after_load: dict[str, Request] = {}  # finished while loading: blocks freed once loaded
         self._kv_promoted: set[str] = set()  # loaded; their next admission skips the connector
+        self._kv_discarded: set[str] = set()  # loading when a step failed: nothing of their blocks is kept
 
     def _lookup_remote_kv(self: Scheduler, request: Request, num_local_tokens: int) -> int:
         """Tokens past the local hit the connector can load (0: none, or the request was loaded already)."""
@@ -71,13 +72,23 @@ class RemoteKVScheduling:
             return False
         num_local, num_asked = self._kv_loading.pop(req_id)
         kv = self.kv_cache_manager
+        request.status = RequestStatus.WAITING
+        if req_id in self._kv_discarded:  # admitted afresh (the store may be asked again)
+            self._kv_discarded.discard(req_id)
+            kv.free(request)
+            return True
         kv.cache_blocks(request, num_local + num_loaded * kv.block_size)
         kv.free(request)
         if num_loaded < num_asked and self.kv_connector is not None:
             self.kv_connector.load_failed(request)
         self._kv_promoted.add(req_id)
-        request.status = RequestStatus.WAITING
         return True
+
+    def _discard_remote_kv_prefixes(self: Scheduler) -> bool:
+        """A step failed: the local-hit blocks of the requests loading now may be ones that step never filled.
+        Their loads run on, but their blocks are dropped at promotion. True if any blocks are held for loads."""
+        self._kv_discarded.update(self._kv_loading)
+        return bool(self._kv_loading or self._kv_free_after_load)
 
     def _update_from_kv_output(self: Scheduler, output: Optional[KVConnectorOutput]) -> None:
         if output is None:
@@ -95,6 +106,7 @@ class RemoteKVScheduling:
         if self.kv_connector is not None:
             self.kv_connector.request_finished(request)
         self._kv_promoted.discard(req_id)
+        self._kv_discarded.discard(req_id)
         if self._kv_loading.pop(req_id, None) is None or self._kv_done.pop(req_id, None) is not None:
             return True
         self._kv_free_after_load[req_id] = request
