@@ -14,9 +14,9 @@ from typing import Iterable, Optional
 from vlite.config import LoRAConfig, SchedulerConfig, SpeculativeConfig
 from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.sched.fault_isolation import FaultIsolation
-from vlite.core.sched.remote_kv import RemoteKVScheduling
 from vlite.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                      SchedulerOutput)
+from vlite.core.sched.remote_kv import RemoteKVScheduling
 from vlite.core.sched.request_queue import RequestQueue, SchedulingPolicy, create_request_queue
 from vlite.core.sched.stats import SchedulerStats, SpecDecodingStats
 from vlite.core.sched.utils import check_stop, usable_drafts
