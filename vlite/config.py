@@ -279,6 +279,34 @@ class LoRAConfig:
         return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
 
 
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """KV blocks kept outside the engine (vLLM's KVTransferConfig): here a directory of block files, the
+    "offloading" connector (vlite.kv_connector), so a prefix outlives the process and is shared by the
+    servers pointed at the same directory. `offload_size_bytes`: the directory's quota (least recently
+    used files deleted past it)."""
+
+    offload_dir: str
+    offload_size_bytes: int = 16 * 2**30
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.offload_dir, str) or not self.offload_dir.strip():
+            raise ValueError(f"kv_offload_dir must be a directory path, got {self.offload_dir!r}")
+        size = self.offload_size_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"kv_offload_size must be positive, got {size!r} bytes")
+
+    @classmethod
+    def from_user(cls, offload_dir: Optional[str], offload_size_gib: float) -> Optional[KVTransferConfig]:
+        """From the engine arguments (a size in GiB); None without a directory."""
+        if offload_dir is None:
+            return None
+        if isinstance(offload_size_gib, bool) or not isinstance(offload_size_gib, (int, float)) \
+                or not offload_size_gib > 0:
+            raise ValueError(f"kv_offload_size must be a positive number of GiB, got {offload_size_gib!r}")
+        return cls(os.path.abspath(os.path.expanduser(offload_dir)), max(1, int(offload_size_gib * 2**30)))
+
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -349,6 +377,7 @@ class VliteConfig:
     speculative_config: Optional[SpeculativeConfig] = None
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     lora_config: Optional[LoRAConfig] = None  # None: LoRA off (requests naming an adapter are refused)
+    kv_transfer_config: Optional[KVTransferConfig] = None  # None: no KV store outside the engine
 
 
 @dataclass
@@ -365,6 +394,9 @@ class LoadedEngineConfig:
     eos_token_ids: tuple[int, ...]
     device: str = "cpu"  # where the model runs: "cpu" or "cuda" (DeviceConfig.resolve)
     pooler_config: Optional[PoolerConfig] = None  # a pooling model's (runner "pooling"); None: generation
+    # With kv_transfer_config: what the stored KV blocks were computed by (vlite.kv_connector.factory.model_id);
+    # blocks of another model, dtype, block size or quantization never match it.
+    kv_model_id: Optional[str] = None
 
     @property
     def kv_capacity_tokens(self) -> int:

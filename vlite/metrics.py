@@ -31,6 +31,11 @@ class PrometheusStatLogger:
                                       labels, registry=r)
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels,
                                    registry=r)
+        # A KV connector's (--kv-offload-dir) hits, beside the engine's own prefix cache (vLLM's names).
+        self.external_prefix_queries = Counter("vllm:external_prefix_cache_queries",
+                                               "Prompt tokens looked up in the external KV store.", labels, registry=r)
+        self.external_prefix_hits = Counter("vllm:external_prefix_cache_hits",
+                                            "Prompt tokens found in the external KV store.", labels, registry=r)
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemptions.", labels, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generation tokens processed.", labels,
@@ -59,7 +64,8 @@ class PrometheusStatLogger:
         self.model_name = model_name
         self._last: Optional[SchedulerStats] = None
         for m in (self.num_running, self.num_waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
-                  self.preemptions, self.prompt_tokens, self.generation_tokens):
+                  self.external_prefix_queries, self.external_prefix_hits, self.preemptions, self.prompt_tokens,
+                  self.generation_tokens):
             m.labels(model_name)
 
     def __call__(self, stats: Optional[SchedulerStats], it: Optional[IterationStats]) -> None:
@@ -71,6 +77,10 @@ class PrometheusStatLogger:
             last = self._last
             self.prefix_queries.labels(name).inc(stats.prefix_cache_queries - (last.prefix_cache_queries if last else 0))
             self.prefix_hits.labels(name).inc(stats.prefix_cache_hits - (last.prefix_cache_hits if last else 0))
+            self.external_prefix_queries.labels(name).inc(
+                stats.external_prefix_cache_queries - (last.external_prefix_cache_queries if last else 0))
+            self.external_prefix_hits.labels(name).inc(
+                stats.external_prefix_cache_hits - (last.external_prefix_cache_hits if last else 0))
             self.preemptions.labels(name).inc(stats.num_preemptions - (last.num_preemptions if last else 0))
             if stats.spec_decoding is not None:
                 self._log_spec_decoding(stats.spec_decoding, last.spec_decoding if last else None)

@@ -31,6 +31,9 @@ class RequestStatus(enum.IntEnum):
 
     WAITING = enum.auto()
     WAITING_FOR_FSM = enum.auto()  # its structured-output grammar is being compiled
+    # Its prefix's KV blocks are being loaded from outside the engine (a KV connector); it holds their blocks
+    # and waits in skipped_waiting without holding up the others.
+    WAITING_FOR_REMOTE_KVS = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()

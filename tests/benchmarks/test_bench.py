@@ -85,6 +85,8 @@ def test_latency_prefix_cache_scheduler_flags():
     assert ns.prompt_len == 1000 and ns.enable_prefix_caching
     ns = parse("bench", "prefix-cache", "--prompt-len", "64", "--no-enable-prefix-caching")
     assert ns.prompt_len == 64 and not ns.enable_prefix_caching
+    ns = parse("bench", "prefix-cache", "--restart", "--kv-offload-dir", "/tmp/kv")
+    assert ns.restart and ns.kv_offload_dir == "/tmp/kv"
     ns = parse("bench", "scheduler")
     assert ns.num_requests == 256 and not hasattr(ns, "model")  # no model, no engine flags
 
@@ -366,3 +368,17 @@ def test_decode_bandwidth_report_counts_the_linears_once():
     report = {"decode_weight_bytes_per_token": 8e8, "decode_gb_per_s": 30.0, "read_bandwidth_gb_per_s": 40.0,
               "decode_share_of_read_bandwidth": 0.75}
     assert "800.0 MB, 30.0 GB/s = 75% of the measured read bandwidth (40.0 GB/s" in bandwidth.format_bandwidth(report)
+
+
+@pytest.mark.slow
+def test_prefix_cache_restart_end_to_end(capsys, tmp_path):
+    """Two engine processes on one KV store: the second loads the prompt's blocks (a temporary store here)."""
+    from vlite.benchmarks.prefix_cache_restart import run_restart
+
+    out = tmp_path / "restart.json"
+    ns = parse("bench", "prefix-cache", "--restart", "--prompt-len", "100", "--num-iters-warmup", "1",
+               "--output-len", "2", "--dtype", "float32", "--output-json", str(out))
+    results = run_restart(ns)
+    assert results["restart_cached_tokens"] == results["restart_external_hits"] == 96
+    assert ns.kv_offload_dir is None and json.loads(out.read_text())["benchmark"] == "prefix-cache-restart"
+    assert "TTFT after restart" in capsys.readouterr().out

@@ -5,7 +5,8 @@ the other, each alone in the engine: the first request computes the whole prompt
 identical one finds all its full blocks in the prefix cache and computes only the rest (at least
 the last token, whose logits it samples from). TTFT is measured from `add_request` to the
 `step()` that returns the first token. Run it again with `--no-enable-prefix-caching` for the
-contrast: both requests then compute the whole prompt.
+contrast: both requests then compute the whole prompt. `--restart`: the second request is served by a
+new engine in a new process from the KV store (--kv-offload-dir), see prefix_cache_restart.py.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from vlite.benchmarks.utils import (add_output_args, finish_profiler, hardware_r
 from vlite.entrypoints.cli.args import add_common_args, add_engine_args, non_negative_int, positive_int
 from vlite.entrypoints.cli.engine import load_engine
 
-HELP = "TTFT of a long prompt, first (cold) vs again (prefix-cache hit)"
+HELP = "TTFT of a long prompt, first (cold) vs again (prefix-cache hit, or --restart: from the KV store)"
 DESCRIPTION = ("Time to first token of a --prompt-len token prompt, the first time and the second time (an "
                "identical request served from the prefix cache), and their ratio. Run it with "
-               "--no-enable-prefix-caching for the contrast.")
+               "--no-enable-prefix-caching for the contrast, or with --restart (e.g. --prompt-len 4000) for the "
+               "second request in a fresh engine process served from the --kv-offload-dir store.")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +39,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                        help="measured prompt pairs, each with a fresh prompt (default: %(default)s)")
     group.add_argument("--num-iters-warmup", type=non_negative_int, default=1, metavar="N",
                        help="prompt pairs run first and not measured (default: %(default)s)")
+    group.add_argument("--restart", action="store_true",
+                       help="time the prompt computed by one engine, then in a new engine process loaded from "
+                            "the KV store (--kv-offload-dir; default: a temporary directory)")
     add_output_args(parser)
     add_common_args(parser)
     add_engine_args(parser)
@@ -123,5 +128,10 @@ def run_prefix_cache(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(ns: argparse.Namespace) -> int:
-    run_prefix_cache(ns)
+    if ns.restart:
+        from vlite.benchmarks.prefix_cache_restart import run_restart
+
+        run_restart(ns)
+    else:
+        run_prefix_cache(ns)
     return 0

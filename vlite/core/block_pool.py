@@ -75,9 +75,10 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash. Refused (False) while any block is in use."""
-        if self.get_num_free_blocks() != self.num_blocks:
+    def reset_prefix_cache(self, force: bool = False) -> bool:
+        """Forget every cached hash. Refused (False) while any block is in use, unless `force` (the holders
+        then keep their blocks, uncached: only for blocks whose K/V nobody will look up again)."""
+        if self.get_num_free_blocks() != self.num_blocks and not force:
             return False
         for block in self.blocks:
             block.block_hash = None

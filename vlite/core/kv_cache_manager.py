@@ -106,13 +106,17 @@ class KVCacheManager:
         self.block_pool.free_blocks(freed)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
+                       new_computed_blocks: list[KVCacheBlock] | None = None, *, delay_cache_blocks: bool = False,
+                       record_stats: bool = True) -> list[KVCacheBlock] | None:
         """Make room for `num_new_tokens` more tokens after the computed ones.
 
         Returns the newly allocated blocks, or None (changing nothing) when the pool cannot
         supply them; the caller then preempts or skips. Full blocks whose tokens are known after
         this step are registered in the prefix cache right away, so a request scheduled later in
         the same step can share them (their K/V are written before any attention reads them).
+        `delay_cache_blocks`: not yet (blocks a KV connector loads in the background: registered by
+        `cache_blocks` once loaded). `record_stats`: count this admission in the prefix-cache stats
+        (not when a request whose load finished is admitted again).
         """
         new_computed_blocks = new_computed_blocks or []
         req_blocks = self.req_to_blocks.get(request.request_id)
@@ -136,7 +140,7 @@ class KVCacheManager:
                 del self.req_to_blocks[request.request_id]
             return None
 
-        if is_admission and self.enable_caching:
+        if is_admission and self.enable_caching and record_stats:
             # Counted once per (re)admission, not per retry of a request that did not fit.
             stats = self.prefix_cache_stats
             stats.requests += 1
@@ -147,8 +151,16 @@ class KVCacheManager:
             req_blocks.extend(new_computed_blocks)
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         req_blocks.extend(new_blocks)
-        self._cache_full_blocks(request, req_blocks, num_computed_tokens + num_new_tokens)
+        if not delay_cache_blocks:
+            self._cache_full_blocks(request, req_blocks, num_computed_tokens + num_new_tokens)
         return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the request's full blocks within its first `num_tokens` tokens in the prefix cache (their
+        K/V are now in place: loaded by a KV connector)."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks is not None:
+            self._cache_full_blocks(request, blocks, num_tokens)
 
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens_after: int) -> None:
         """Register the blocks that this step fills (their tokens are all known) in the prefix cache."""
@@ -208,8 +220,8 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
 
-    def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
+    def reset_prefix_cache(self, force: bool = False) -> bool:
+        return self.block_pool.reset_prefix_cache(force)
 
 
 class EncoderOnlyKVCacheManager(KVCacheManager):
@@ -223,7 +235,8 @@ class EncoderOnlyKVCacheManager(KVCacheManager):
         return [], 0
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
+                       new_computed_blocks: list[KVCacheBlock] | None = None, *, delay_cache_blocks: bool = False,
+                       record_stats: bool = True) -> list[KVCacheBlock] | None:
         self.req_to_blocks.setdefault(request.request_id, [])
         return []
 

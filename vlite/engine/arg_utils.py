@@ -6,8 +6,9 @@ import logging
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Optional
 
-from vlite.config import (CacheConfig, DeviceConfig, LoadedEngineConfig, LoRAConfig, ModelConfig, ParallelConfig,
-                          SchedulerConfig, SpeculativeConfig, VliteConfig, cpu_supports_bf16, resolve_dtype_name)
+from vlite.config import (CacheConfig, DeviceConfig, KVTransferConfig, LoadedEngineConfig, LoRAConfig, ModelConfig,
+                          ParallelConfig, SchedulerConfig, SpeculativeConfig, VliteConfig, cpu_supports_bf16,
+                          resolve_dtype_name)
 from vlite.model_loader import (ModelArchConfig, ResolvedModel, gguf_linear_type, load_model_arch, load_model_weights,
                                 resolve_model)
 
@@ -53,6 +54,9 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
+    # A directory of KV blocks shared across restarts and servers (vlite.kv_connector); None: off.
+    kv_offload_dir: Optional[str] = None
+    kv_offload_size: float = 16.0  # GiB the directory may hold (least recently used blocks deleted past it)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -75,6 +79,7 @@ class EngineArgs:
                         max_num_partial_prefills=self.max_num_partial_prefills)
         speculative_config = SpeculativeConfig.from_user(self.speculative_config)
         lora_config = self._lora_config(speculative_config)
+        kv_transfer_config = KVTransferConfig.from_user(self.kv_offload_dir, self.kv_offload_size)
         parallel_config = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                          distributed_executor_backend=self.distributed_executor_backend,
                                          data_parallel_size=self.data_parallel_size)
@@ -162,12 +167,18 @@ class EngineArgs:
                     "(%.1f MiB), max_model_len %d", resolved.name, device, dtype_name, quantization.describe(),
                     num_blocks, self.block_size, capacity,
                     num_blocks * bytes_per_block / 2**20, max_model_len)
-        return LoadedEngineConfig(
+        loaded = LoadedEngineConfig(
             config=VliteConfig(model_config, cache_config, scheduler_config, speculative_config=speculative_config,
-                               parallel_config=parallel_config, device_config=device_config, lora_config=lora_config),
+                               parallel_config=parallel_config, device_config=device_config, lora_config=lora_config,
+                               kv_transfer_config=kv_transfer_config),
             resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
             num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids), device=device,
             pooler_config=pooler_config)
+        if kv_transfer_config is not None:
+            from vlite.kv_connector.factory import model_id
+
+            loaded.kv_model_id = model_id(loaded)
+        return loaded
 
     def _lora_config(self, speculative_config: Optional[SpeculativeConfig]) -> Optional[LoRAConfig]:
         """LoRAConfig with enable_lora, else None (checked before the model loads). Speculative decoding goes with

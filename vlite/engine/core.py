@@ -16,6 +16,8 @@ from vlite.core.sched.scheduler import Scheduler
 from vlite.core.sched.stats import SchedulerStats
 from vlite.engine.input_processor import EngineCoreRequest
 from vlite.executor import Executor, ExecutorDeadError
+from vlite.kv_connector.base import KVConnectorRole
+from vlite.kv_connector.factory import create_kv_connector
 from vlite.lora.request import LoRARequest
 from vlite.profiler import section
 from vlite.request import FinishReason, Request, RequestStatus
@@ -40,8 +42,10 @@ class EngineCore:
             KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
                            sliding_window=loaded.arch.kv_sliding_window) if loaded.arch.is_causal
             else EncoderOnlyKVCacheManager(cache.block_size))  # encoders keep no KV cache
+        # A KV store outside the engine (--kv-offload-dir): its scheduler side; workers hold their own side.
+        self.kv_connector = create_kv_connector(loaded, KVConnectorRole.SCHEDULER)
         self.scheduler = Scheduler(cfg.scheduler_config, self.kv_cache_manager, cfg.speculative_config,
-                                   cfg.lora_config)
+                                   cfg.lora_config, kv_connector=self.kv_connector)
         self.lora_config = cfg.lora_config
         # Adapters loaded once without error, by lora_int_id: a request naming one is not checked again (the
         # runner reloads an evicted one by itself), and an id or name cannot change meaning while it is known.

@@ -183,6 +183,8 @@ class LLMEngine:
             "num_preemptions": stats["num_preemptions"],
             "prefix_cache_queries": stats["prefix_cache_queries"],
             "prefix_cache_hits": stats["prefix_cache_hits"],
+            "external_prefix_cache_queries": stats["external_prefix_cache_queries"],
+            "external_prefix_cache_hits": stats["external_prefix_cache_hits"],
             "prompt_tokens": self._totals["prompt_tokens"],
             "generation_tokens": self._totals["generation_tokens"],
             "num_kv_blocks": self.num_kv_blocks,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 if TYPE_CHECKING:
     from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
     from vlite.config import LoadedEngineConfig
+    from vlite.kv_connector.base import KVOutputAggregator
     from vlite.lora.request import LoRARequest
     from vlite.structured_output.manager import GrammarOutput
 
@@ -121,6 +122,7 @@ class WorkerGroupExecutor(Executor):
     """Ranks in other processes (mp, ray): what a missing, dead or lone failing rank means."""
 
     _dead: Optional[str] = None
+    _kv_aggregator: Optional[KVOutputAggregator] = None  # with a KV connector under tensor parallelism
 
     @abstractmethod
     def _kill_workers(self) -> None:
@@ -140,6 +142,18 @@ class WorkerGroupExecutor(Executor):
     @abstractmethod
     def _call_all(self, method: str, arg: Any = None) -> Replies:
         """Send one message to every rank; their replies, not yet settled."""
+
+    def _step_output(self, values: list[Any]) -> ModelRunnerOutput:
+        """Rank 0's output of sample_tokens, with the KV-connector reports of every rank merged (the others
+        send only theirs: see Worker.handle)."""
+        out = values[0]
+        if len(values) > 1 and any(v is not None for v in values[1:]):
+            if self._kv_aggregator is None:
+                from vlite.kv_connector.base import KVOutputAggregator
+
+                self._kv_aggregator = KVOutputAggregator(len(values))
+            out.kv_connector_output = self._kv_aggregator.aggregate([out.kv_connector_output, *values[1:]])
+        return out
 
     def _check_answered(self, replies: Replies) -> None:
         """A rank that did not answer is lost (maybe blocked in a collective): the executor ends."""

@@ -109,7 +109,7 @@ class MultiprocExecutor(WorkerGroupExecutor):
 
     def sample_tokens(self, grammar_output: Optional[GrammarOutput] = None) -> ModelRunnerOutput:
         self._broadcast("sample_tokens", grammar_output)
-        return self._collect()[0]
+        return self._step_output(self._collect())
 
     def reset(self) -> None:
         self._broadcast("reset")

@@ -147,7 +147,7 @@ class RayExecutor(WorkerGroupExecutor):
         self._send("execute_model", scheduler_output)
 
     def sample_tokens(self, grammar_output: Optional[GrammarOutput] = None) -> ModelRunnerOutput:
-        return self._gather(self._send("sample_tokens", grammar_output))[0]
+        return self._step_output(self._gather(self._send("sample_tokens", grammar_output)))
 
     def reset(self) -> None:
         self._gather(self._send("reset"))

@@ -44,3 +44,6 @@ class UniProcExecutor(Executor):
 
     def pin_lora(self, lora_int_id: int) -> bool:
         return self.model_runner.pin_lora(lora_int_id)
+
+    def shutdown(self) -> None:
+        self.model_runner.shutdown_kv_connector()  # pending KV block saves reach the disk

@@ -38,6 +38,7 @@ from vlite.structured_output.backend_xgrammar import apply_step_bitmask
 from vlite.utils import group_offsets, group_starts
 from vlite.worker.device_inputs import DeviceInputs
 from vlite.worker.input_batch import InputBatch
+from vlite.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 from vlite.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vlite.worker.pooling import pooled_outputs, step_token_type_ids
 
@@ -100,7 +101,7 @@ class _StepState:
     draft_token_ids: Optional[np.ndarray] = None  # all of them, flat, requests in order
 
 
-class ModelRunner(LoRAModelRunnerMixin):
+class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
     device = torch.device("cpu")  # set per instance in __init__
 
     @classmethod
@@ -110,11 +111,13 @@ class ModelRunner(LoRAModelRunnerMixin):
         cfg = loaded.config
         if cfg.device_config.num_threads is not None:  # --threads / VLITE_NUM_THREADS: this process's pool
             torch.set_num_threads(cfg.device_config.num_threads)
-        return cls(loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks, cfg.cache_config.block_size,
-                   cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len, loaded.eos_token_ids,
-                   loaded.quantization, cfg.speculative_config, device=loaded.device,
-                   enforce_eager=cfg.device_config.enforce_eager, pooler_config=loaded.pooler_config,
-                   lora_config=cfg.lora_config)
+        runner = cls(loaded.arch, loaded.weights, loaded.torch_dtype, loaded.num_kv_blocks,
+                     cfg.cache_config.block_size, cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len,
+                     loaded.eos_token_ids, loaded.quantization, cfg.speculative_config, device=loaded.device,
+                     enforce_eager=cfg.device_config.enforce_eager, pooler_config=loaded.pooler_config,
+                     lora_config=cfg.lora_config)
+        runner.init_kv_connector(loaded, runner.tp.rank if runner.tp is not None else 0)
+        return runner
 
     def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
@@ -198,6 +201,7 @@ class ModelRunner(LoRAModelRunnerMixin):
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        self._kv_connector_start_step(scheduler_output)  # KV loads run in the background from here
         with section("prepare_inputs"):
             self._update_states(scheduler_output)
             self._step = None
@@ -214,6 +218,7 @@ class ModelRunner(LoRAModelRunnerMixin):
                       if self.pooler is not None else {})
         self._step = _StepState(inputs.sample_req_ids, inputs.sample_rows, logits, prompt_logprobs, pooled,
                                 inputs.num_drafts, inputs.draft_token_ids)
+        self._kv_connector_after_forward(scheduler_output)  # blocks completed in this step, copied out now
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model's hidden states for the step: a CUDA-graph replay for all-decode steps, else eager."""
@@ -375,6 +380,9 @@ class ModelRunner(LoRAModelRunnerMixin):
 
     @torch.inference_mode()
     def sample_tokens(self, grammar_output: GrammarOutput | None = None) -> ModelRunnerOutput:
+        return self._kv_connector_output(self._sample_tokens(grammar_output))
+
+    def _sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
         step = self._step
         if step is None or not step.req_ids:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[],

@@ -6,7 +6,8 @@ process holds the whole model), builds a ModelRunner over that shard and then ru
 executor sends: each message is pickled once by the executor and read here as bytes.
 
     ("execute_model", SchedulerOutput)     no reply (an error is kept for the next sample_tokens)
-    ("sample_tokens", GrammarOutput|None)  reply ("ok", ModelRunnerOutput on rank 0 / None) or ("error", text)
+    ("sample_tokens", GrammarOutput|None)  reply ("ok", ModelRunnerOutput on rank 0 / its KVConnectorOutput or
+                                           None on the others) or ("error", text)
     ("reset", None)                        reply ("ok", None)
     ("add_lora", LoRARequest)              reply ("ok", bool) or ("error", the exception: see _portable)
     ("remove_lora" | "pin_lora", int)      the same
@@ -144,7 +145,8 @@ class Worker:
                 return reply
             try:
                 out = runner.sample_tokens(arg)
-                return ("ok", out if self.rank == 0 else None)
+                # the other ranks: only their KV-connector report (merged by the executor), if any
+                return ("ok", out if self.rank == 0 else out.kv_connector_output)
             except Exception as e:
                 logger.error("rank %d: sample_tokens raised: %s", self.rank, traceback.format_exc())
                 return ("error", f"{type(e).__name__}: {e}")
@@ -166,6 +168,7 @@ class Worker:
     def close(self) -> None:
         from vlite.distributed.parallel_state import destroy_tp_group
 
+        self.runner.shutdown_kv_connector()
         destroy_tp_group()
 
 

@@ -79,8 +79,10 @@ class FaultIsolation:
             failed = self.finish_requests(scheduled, RequestStatus.FINISHED_ERROR)
         self._requeue(self.running)
         self.running = []
-        # Blocks hashed when allocated for this step may never have received their K/V.
-        reset = self.kv_cache_manager.reset_prefix_cache()
+        # Blocks hashed when allocated for this step may never have received their K/V. Requests loading from
+        # a KV connector keep their blocks until the load is reported, then recompute (their prefix may be those).
+        loading = self._discard_remote_kv_prefixes()
+        reset = self.kv_cache_manager.reset_prefix_cache(force=loading)
         assert reset, "every block is free once nothing runs"
         if len(scheduled) > 1:
             known = set(scheduled)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlite.kv_connector.base import KVConnectorMetadata, KVConnectorOutput
 from vlite.lora.request import LoRARequest
 from vlite.pooling_params import PoolingParams
 from vlite.sampling_params import SamplingParams
@@ -60,6 +61,8 @@ class SchedulerOutput:
     # Leading KV blocks that every running request shares (cascade attention computes their attention
     # once for the batch); see KVCacheManager.get_num_common_prefix_blocks.
     num_common_prefix_blocks: int = 0
+    # With a KV connector: the blocks its workers load (in the background) and save (after the forward).
+    kv_connector_metadata: KVConnectorMetadata | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -82,6 +85,8 @@ class ModelRunnerOutput:
     # Pooling: req_id -> the pooled output (float32 values) of each pooling request whose prompt this step
     # completed.
     pooler_output: dict[str, list[float]] = field(default_factory=dict)
+    # With a KV connector: the loads its worker finished since the last step.
+    kv_connector_output: KVConnectorOutput | None = None
 
 
 @dataclass

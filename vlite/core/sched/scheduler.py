@@ -16,17 +16,22 @@ from vlite.core.kv_cache_manager import KVCacheManager
 from vlite.core.sched.fault_isolation import FaultIsolation
 from vlite.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                      SchedulerOutput)
+from vlite.core.sched.remote_kv import RemoteKVScheduling
 from vlite.core.sched.request_queue import RequestQueue, SchedulingPolicy, create_request_queue
 from vlite.core.sched.stats import SchedulerStats, SpecDecodingStats
 from vlite.core.sched.utils import check_stop, usable_drafts
+from vlite.kv_connector.base import KVConnectorBase, KVConnectorStats
 from vlite.request import FinishReason, Request, RequestStatus
 
 
-class Scheduler(FaultIsolation):
+class Scheduler(FaultIsolation, RemoteKVScheduling):
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager,
                  speculative_config: Optional[SpeculativeConfig] = None,
-                 lora_config: Optional[LoRAConfig] = None) -> None:
+                 lora_config: Optional[LoRAConfig] = None, kv_connector: Optional[KVConnectorBase] = None) -> None:
         self.config = scheduler_config
+        # KV blocks from outside the engine (vlite.kv_connector; its scheduler side), and their loads.
+        self.kv_connector = kv_connector
+        self._init_remote_kv()
         # With LoRA: at most lora_config.max_loras distinct adapters among the running requests (the runner's slots).
         self.lora_config = lora_config
         self.spec_decoding_stats = SpecDecodingStats() if speculative_config is not None else None
@@ -88,7 +93,8 @@ class Scheduler(FaultIsolation):
     def _free_request(self, request: Request) -> None:
         if request.structured_output_request is not None:
             request.structured_output_request.free()
-        self.kv_cache_manager.free(request)
+        if self._release_remote_kv(request):  # else freed once its load is done
+            self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
@@ -180,6 +186,9 @@ class Scheduler(FaultIsolation):
             num_common_prefix_blocks=(self.kv_cache_manager.get_num_common_prefix_blocks(
                 self.running[0], len(self.running)) if self.running else 0),
         )
+        if self.kv_connector is not None:
+            output.kv_connector_metadata = self.kv_connector.build_connector_meta(output, self.requests,
+                                                                                  self.kv_cache_manager)
         self.finished_req_ids = set()
         return output
 
@@ -197,6 +206,11 @@ class Scheduler(FaultIsolation):
             if queue is None:
                 break
             request = queue.peek_request()
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not self._try_promote_remote_kv(request):
+                # Its blocks are still loading: pass it over without holding up the others.
+                queue.pop_request()
+                step_skipped_waiting.prepend_request(request)
+                continue
             if request.status == RequestStatus.WAITING_FOR_FSM:
                 so_request = request.structured_output_request
                 assert so_request is not None
@@ -220,19 +234,28 @@ class Scheduler(FaultIsolation):
                 step_skipped_waiting.prepend_request(request)
                 continue
             computed_blocks, num_computed_tokens = kv.get_computed_blocks(request)
+            num_external_tokens = self._lookup_remote_kv(request, num_computed_tokens)
+            if num_external_tokens:
+                # Found outside the engine: load it in the background, holding the blocks meanwhile.
+                self._start_remote_load(request, computed_blocks, num_computed_tokens, num_external_tokens)
+                queue.pop_request()
+                step_skipped_waiting.prepend_request(request)
+                continue
             num_new_tokens = self._cap_new_tokens(request, request.num_tokens - num_computed_tokens, token_budget)
             is_partial = num_computed_tokens + num_new_tokens < request.num_prompt_tokens
             new_blocks = None
             # Unchunked prompts (encoders) wait for a step with room for all of them.
             if not (is_partial and (num_partial_prefills >= self.config.max_num_partial_prefills
                                     or not self.config.enable_chunked_prefill)):
-                new_blocks = kv.allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks)
+                new_blocks = kv.allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks,
+                                               record_stats=request.request_id not in self._kv_promoted)
             if new_blocks is None:
                 # Cannot start now for a reason of its own: step aside for the requests behind it.
                 queue.pop_request()
                 step_skipped_waiting.prepend_request(request)
                 continue
             queue.pop_request()
+            self._note_admitted(request, num_computed_tokens)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed_tokens
@@ -307,6 +330,7 @@ class Scheduler(FaultIsolation):
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs, self.pending_outputs = self.pending_outputs, []
+        self._update_from_kv_output(model_runner_output.kv_connector_output)
         stopped = False
         requests = self.requests
         logprobs, prompt_logprobs = model_runner_output.logprobs, model_runner_output.prompt_logprobs
@@ -390,6 +414,7 @@ class Scheduler(FaultIsolation):
 
     def make_stats(self) -> SchedulerStats:
         pc = self.kv_cache_manager.prefix_cache_stats
+        ext = self.kv_connector.get_stats() if self.kv_connector is not None else KVConnectorStats()
         running_loras: dict[str, int] = {}
         waiting_loras: dict[str, int] = {}
         if self.lora_config is not None:
@@ -405,6 +430,8 @@ class Scheduler(FaultIsolation):
             num_preemptions=self.num_preemptions,
             prefix_cache_queries=pc.queries,
             prefix_cache_hits=pc.hits,
+            external_prefix_cache_queries=ext.queries,
+            external_prefix_cache_hits=ext.hits,
             spec_decoding=self.spec_decoding_stats.copy() if self.spec_decoding_stats is not None else None,
             running_lora_adapters=running_loras,
             waiting_lora_adapters=waiting_loras,

@@ -15,6 +15,10 @@ class SchedulerStats:
     num_preemptions: int  # cumulative
     prefix_cache_queries: int  # cumulative, tokens
     prefix_cache_hits: int  # cumulative, tokens
+    # A KV connector's (vLLM's external prefix cache): prompt tokens of the requests it was asked about,
+    # and of those the tokens it supplied; cumulative.
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
     spec_decoding: Optional[SpecDecodingStats] = None  # cumulative; None without speculative decoding
     # vLLM's lora_requests_info: adapter name -> its running / waiting requests, and max_loras (0: LoRA off).
     running_lora_adapters: dict[str, int] = field(default_factory=dict)
@@ -39,6 +43,8 @@ def sum_scheduler_stats(stats: list[SchedulerStats]) -> SchedulerStats:
         num_preemptions=sum(s.num_preemptions for s in stats),
         prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
         prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
+        external_prefix_cache_queries=sum(s.external_prefix_cache_queries for s in stats),
+        external_prefix_cache_hits=sum(s.external_prefix_cache_hits for s in stats),
         spec_decoding=_sum_spec([s.spec_decoding for s in stats if s.spec_decoding is not None]),
         running_lora_adapters=merged([s.running_lora_adapters for s in stats]),
         waiting_lora_adapters=merged([s.waiting_lora_adapters for s in stats]),

@@ -176,6 +176,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--max-cpu-loras", type=positive_int, default=d.max_cpu_loras, metavar="N",
                        help="with --enable-lora, adapters kept loaded, least recently used evicted (at least "
                             "--max-loras; default: --max-loras)")
+    group.add_argument("--kv-offload-dir", default=d.kv_offload_dir, metavar="PATH",
+                       help="keep computed KV blocks as files in this directory, so a prompt prefix is reused after "
+                            "a restart and by other servers pointed at it (default: off)")
+    group.add_argument("--kv-offload-size", type=positive_float, default=d.kv_offload_size, metavar="GIB",
+                       help="with --kv-offload-dir, GiB the directory may hold; the least recently used blocks "
+                            "are deleted past it (default: %(default)s)")
     group.add_argument("--chat-template", default=d.chat_template, metavar="TEMPLATE",
                        help="a Jinja chat template, as a file path or a literal template string; "
                             "default: the model's own")
