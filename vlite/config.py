@@ -291,11 +291,9 @@ class ReasoningConfig:
             if settings:
                 raise ValueError("reasoning_config needs reasoning_parser (e.g. \"generic\" with both strings)")
             return None
-        from vlite.reasoning.parsers import CONFIG_KEYS
+        from vlite.reasoning import resolve_reasoning_parser
 
-        unknown = sorted(set(settings) - set(CONFIG_KEYS))
-        if unknown:
-            raise ValueError(f"reasoning_config: unknown keys {unknown}; known: {list(CONFIG_KEYS)}")
+        resolve_reasoning_parser(parser, settings)  # an unknown key or a bad value is an error naming it
         return cls(parser, **settings)
 
 

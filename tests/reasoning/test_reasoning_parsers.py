@@ -138,3 +138,16 @@ def test_config_errors() -> None:
     assert resolve_reasoning_parser("qwen3") is Qwen3ReasoningParser
     custom = resolve_reasoning_parser("deepseek_r1", {"reasoning_end_str": "</reason>"})
     assert issubclass(custom, GenericReasoningParser) and custom.implicit_start and custom.end_str == "</reason>"
+
+
+def test_allow_token_sets_one_bit() -> None:
+    """While the output may still open a block, the grammar's row also allows the start tag (any bit, 31 too)."""
+    import torch
+
+    from vlite.structured_output.manager import allow_token
+
+    mask = torch.zeros(2, 3, dtype=torch.int32)
+    for token_id in (0, 31, 33, 95):
+        allow_token(mask, 1, token_id)
+    bits = [(int(mask[1, w]) >> b) & 1 for w in range(3) for b in range(32)]
+    assert [i for i, bit in enumerate(bits) if bit] == [0, 31, 33, 95] and not mask[0].any()
