@@ -192,7 +192,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--reasoning-config", default=d.reasoning_config, metavar="JSON",
                        help='the reasoning block\'s tags, vLLM\'s keys: \'{"reasoning_start_str": "<think>", '
                             '"reasoning_end_str": "</think>"}\' (needed by --reasoning-parser generic; overrides a '
-                            'named parser\'s), and "implicit_start": true where output is reasoning without a start tag')
+                            'named parser\'s), and "implicit_start": true where output is reasoning without a '
+                            'start tag')
     group.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
                        help="where the model runs; auto: CUDA when torch sees a GPU, else the CPU "
                             "(default: %(default)s)")
