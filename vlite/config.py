@@ -233,17 +233,9 @@ class SpeculativeConfig:
     @classmethod
     def from_user(cls, value: object) -> Optional[SpeculativeConfig]:
         """From `speculative_config` as given: None, a SpeculativeConfig, a dict, or its JSON text (the CLI)."""
-        import json
-
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config must be a JSON object: {e}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a dict (JSON object), got {type(value).__name__}")
+        value = json_object(value, "speculative_config")
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(value) - known)
         if unknown:
@@ -251,6 +243,58 @@ class SpeculativeConfig:
         if "num_speculative_tokens" not in value:
             raise ValueError("speculative_config.num_speculative_tokens is required")
         return cls(**value)
+
+
+def json_object(value: object, name: str) -> dict:
+    """A dict given as one or as its JSON text (a CLI flag); anything else is an error naming `name`."""
+    import json
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} must be a JSON object: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict (JSON object), got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class ReasoningConfig:
+    """A thinking model's reasoning block (vLLM's ReasoningConfig): the parser that splits its output
+    (`--reasoning-parser`), and optionally the tags (`--reasoning-config`, vLLM's reasoning_start_str /
+    reasoning_end_str, plus implicit_start: reasoning without a start tag). The engine constrains only the
+    answer with structured outputs; the server and LLM.chat return the reasoning apart."""
+
+    reasoning_parser: str
+    reasoning_start_str: Optional[str] = None
+    reasoning_end_str: Optional[str] = None
+    implicit_start: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        self.parser_class()  # an unknown name or a bad tag fails here, before the model loads
+
+    def parser_class(self) -> type:
+        """The ReasoningParser subclass (vlite.reasoning) these settings name."""
+        from vlite.reasoning import resolve_reasoning_parser
+
+        extra = {k: v for k, v in (("reasoning_start_str", self.reasoning_start_str),
+                                   ("reasoning_end_str", self.reasoning_end_str),
+                                   ("implicit_start", self.implicit_start)) if v is not None}
+        return resolve_reasoning_parser(self.reasoning_parser, extra)
+
+    @classmethod
+    def from_user(cls, parser: Optional[str], config: object = None) -> Optional[ReasoningConfig]:
+        """From `reasoning_parser` and `reasoning_config` (a dict or its JSON text); None without a parser."""
+        settings = json_object(config, "reasoning_config") if config is not None else {}
+        if parser is None:
+            if settings:
+                raise ValueError("reasoning_config needs reasoning_parser (e.g. \"generic\" with both strings)")
+            return None
+        from vlite.reasoning import resolve_reasoning_parser
+
+        resolve_reasoning_parser(parser, settings)  # an unknown key or a bad value is an error naming it
+        return cls(parser, **settings)
 
 
 @dataclass(frozen=True)
@@ -378,6 +422,7 @@ class VliteConfig:
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     lora_config: Optional[LoRAConfig] = None  # None: LoRA off (requests naming an adapter are refused)
     kv_transfer_config: Optional[KVTransferConfig] = None  # None: no KV store outside the engine
+    reasoning_config: Optional[ReasoningConfig] = None  # None: outputs are not split into reasoning and answer
 
 
 @dataclass

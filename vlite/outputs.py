@@ -29,6 +29,10 @@ class CompletionOutput:
     logprobs: Optional[SampleLogprobs] = None
     finish_reason: Optional[str] = None
     stop_reason: int | str | None = None
+    # LLM.chat with a reasoning parser (LLM(..., reasoning_parser=...)): `text` split into the thinking and the
+    # answer, each None when empty (as the server's message.reasoning and content); None without a parser.
+    reasoning: Optional[str] = None
+    content: Optional[str] = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

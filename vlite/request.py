@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     from vlite.lora.request import LoRARequest
     from vlite.pooling_params import PoolingParams
+    from vlite.reasoning.tracker import ReasoningTracker
     from vlite.sampling_params import SamplingParams
     from vlite.structured_output.request import StructuredOutputRequest
 
@@ -92,6 +93,9 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     # Set by the structured-output manager for a request with sampling_params.structured_outputs.
     structured_output_request: Optional[StructuredOutputRequest] = None
+    # With a reasoning parser (--reasoning-parser): whether the output is inside the thinking block. Set for a
+    # request with structured outputs (the grammar takes the answer's tokens only); a thinking budget reads it.
+    reasoning: Optional[ReasoningTracker] = None
     # A pooling request (embedding, score, class): its sampling_params ask for no token (max_tokens 0); it
     # ends once its prompt is computed and pooled ("pooling finished").
     pooling_params: Optional[PoolingParams] = None

@@ -1,5 +1,5 @@
 """Small helpers shared across packages: arrays (the runner, the samplers, the attention backends), id lists
-(the config parsers)."""
+(the config parsers), streamed text (the tool and reasoning parsers)."""
 
 from __future__ import annotations
 
@@ -30,3 +30,11 @@ def extend_ids(out: list[int], value: Any) -> None:
     for v in values:
         if v is not None and int(v) not in out:
             out.append(int(v))
+
+
+def held_prefix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that could be the start of `marker` (kept back while streaming)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0

@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from vlite.config import (CacheConfig, DeviceConfig, KVTransferConfig, LoadedEngineConfig, LoRAConfig, ModelConfig,
-                          ParallelConfig, SchedulerConfig, SpeculativeConfig, VliteConfig, cpu_supports_bf16,
-                          resolve_dtype_name)
+                          ParallelConfig, ReasoningConfig, SchedulerConfig, SpeculativeConfig, VliteConfig,
+                          cpu_supports_bf16, resolve_dtype_name)
 from vlite.model_loader import (ModelArchConfig, ResolvedModel, gguf_linear_type, load_model_arch, load_model_weights,
                                 resolve_model)
 
@@ -57,6 +57,10 @@ class EngineArgs:
     # A directory of KV blocks shared across restarts and servers (vlite.kv_connector); None: off.
     kv_offload_dir: Optional[str] = None
     kv_offload_size: float = 16.0  # GiB the directory may hold (least recently used blocks deleted past it)
+    # A thinking model's reasoning parser (vlite.reasoning: deepseek_r1, qwen3, generic) and its tags (a dict or
+    # JSON text with vLLM's reasoning_start_str / reasoning_end_str); see vlite.config.ReasoningConfig.
+    reasoning_parser: Optional[str] = None
+    reasoning_config: Any = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -80,6 +84,7 @@ class EngineArgs:
         speculative_config = SpeculativeConfig.from_user(self.speculative_config)
         lora_config = self._lora_config(speculative_config)
         kv_transfer_config = KVTransferConfig.from_user(self.kv_offload_dir, self.kv_offload_size)
+        reasoning_config = ReasoningConfig.from_user(self.reasoning_parser, self.reasoning_config)
         parallel_config = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                          distributed_executor_backend=self.distributed_executor_backend,
                                          data_parallel_size=self.data_parallel_size)
@@ -170,7 +175,7 @@ class EngineArgs:
         loaded = LoadedEngineConfig(
             config=VliteConfig(model_config, cache_config, scheduler_config, speculative_config=speculative_config,
                                parallel_config=parallel_config, device_config=device_config, lora_config=lora_config,
-                               kv_transfer_config=kv_transfer_config),
+                               kv_transfer_config=kv_transfer_config, reasoning_config=reasoning_config),
             resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
             num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids), device=device,
             pooler_config=pooler_config)

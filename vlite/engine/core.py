@@ -24,6 +24,7 @@ from vlite.request import FinishReason, Request, RequestStatus
 
 if TYPE_CHECKING:
     from vlite.config import LoadedEngineConfig
+    from vlite.reasoning.tracker import ReasoningTracker
     from vlite.structured_output.manager import StructuredOutputManager
     from vlite.worker.model_runner import ModelRunner
 
@@ -61,6 +62,8 @@ class EngineCore:
         self._vocab_size = loaded.arch.vocab_size
         self._eos_token_ids = tuple(loaded.eos_token_ids)
         self._structured_output_manager: Optional[StructuredOutputManager] = None
+        reasoning = cfg.reasoning_config
+        self._reasoning_parser_cls = reasoning.parser_class() if reasoning is not None else None
 
     @property
     def structured_output_manager(self) -> StructuredOutputManager:
@@ -73,6 +76,16 @@ class EngineCore:
             self._structured_output_manager = StructuredOutputManager(
                 self._load_tokenizer, self._vocab_size, self._eos_token_ids)
         return self._structured_output_manager
+
+    def reasoning_tracker(self, req: Request) -> Optional[ReasoningTracker]:
+        """The request's reasoning phase as the tokens come (None without --reasoning-parser): where its output
+        starts is read off its prompt's end, as the server and LLM.chat read it."""
+        if self._reasoning_parser_cls is None:
+            return None
+        from vlite.reasoning.tracker import ReasoningTracker
+
+        return ReasoningTracker.for_prompt(self._reasoning_parser_cls, self._load_tokenizer(), req.prompt_token_ids,
+                                           req.output_token_ids)
 
     def _load_tokenizer(self) -> Any:
         if self._tokenizer is None:
@@ -95,6 +108,8 @@ class EngineCore:
         if req.sampling_params.structured_outputs is not None:
             # Compiled on the manager's threads; the request waits in WAITING_FOR_FSM meanwhile.
             self.structured_output_manager.grammar_init(req)
+            # A thinking model's grammar constrains the answer, not the thinking before it.
+            req.reasoning = self.reasoning_tracker(req)
         self.scheduler.add_request(req)
 
     # ---- LoRA adapters (vLLM's add_lora / remove_lora / list_loras / pin_lora) ------------------------------

@@ -77,7 +77,9 @@ class LLM:
              lora_request: LoRAArg = None) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate. `tools` (OpenAI's
         function definitions) are passed to the template as vLLM does; assistant `tool_calls` in the
-        history may carry their arguments as a JSON string (OpenAI's shape): the template gets a dict."""
+        history may carry their arguments as a JSON string (OpenAI's shape): the template gets a dict.
+        With a reasoning parser (`LLM(..., reasoning_parser="qwen3")`), each output's `reasoning` and
+        `content` hold its thinking and its answer, split as the server splits them."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
         prompts: list[PromptType] = []
@@ -90,7 +92,15 @@ class LLM:
                                                  add_generation_prompt=add_generation_prompt, **kwargs)
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self._run(prompts, sampling_params, use_tqdm, None, lora_request)
+        outputs = self._run(prompts, sampling_params, use_tqdm, None, lora_request)
+        config = self.llm_engine.vllm_config.reasoning_config
+        if config is not None:
+            parser_cls = config.parser_class()
+            for out in outputs:  # the output starts where its prompt left it (inside a block the template opened)
+                phase = parser_cls.prompt_phase(out.prompt or "")
+                for c in out.outputs:
+                    c.reasoning, c.content = parser_cls(tokenizer, phase).extract_reasoning(c.text)
+        return outputs
 
     # ---- pooling models (runner="pooling") ------------------------------------------------------------
 

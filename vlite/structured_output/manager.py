@@ -48,6 +48,16 @@ def _lowest_priority() -> None:
         pass
 
 
+def _thinking(request: Request) -> bool:
+    return request.reasoning is not None and request.reasoning.in_reasoning
+
+
+def allow_token(bitmask: torch.Tensor, row: int, token_id: int) -> None:
+    """Set token_id's bit in a row of an int32 bitmask (bit j of word w is token 32 * w + j)."""
+    bit = token_id % 32
+    bitmask[row, token_id // 32] |= (1 << bit) if bit < 31 else -(1 << 31)
+
+
 class GrammarOutput:
     """The step's bitmasks: row i constrains the sampled request req_ids[i]. A request verifying draft
     tokens (speculative decoding) has one row per position, in order: its req_id repeats."""
@@ -129,8 +139,10 @@ class StructuredOutputManager:
         With draft tokens, the row of position i is the grammar's state after the first i drafts (the
         matcher advances over them, then rolls back): every position is masked as if they were kept.
         """
+        # A reasoning model's grammar waits for the end of its thinking block (its answer is constrained).
         constrained = [(req_id, requests[req_id].structured_output_request) for req_id in sample_req_ids
-                       if req_id in requests and requests[req_id].structured_output_request is not None]
+                       if req_id in requests and requests[req_id].structured_output_request is not None
+                       and not _thinking(requests[req_id])]
         if not constrained:
             return None
         backend = self._backend
@@ -142,6 +154,9 @@ class StructuredOutputManager:
         for req_id, so_request in constrained:
             matcher = so_request.matcher
             backend.fill_bitmask(matcher, bitmask, row)
+            opener = requests[req_id].reasoning.pending_token() if requests[req_id].reasoning is not None else None
+            if opener is not None:  # the output may still open a thinking block instead of answering
+                allow_token(bitmask, row, opener)
             drafts = spec_tokens.get(req_id, ())
             advanced = 0
             for token_id in drafts:  # drafts are a prefix the grammar accepts (see valid_prefix)

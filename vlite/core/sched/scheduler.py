@@ -350,7 +350,9 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
                 request.output_token_ids.append(token_id)
                 request.all_token_ids.append(token_id)
                 stopped_here = check_stop(request, self.max_model_len)
-                if so_request is not None and not stopped_here:
+                # The thinking block of a reasoning model is not the grammar's: it takes the answer's tokens.
+                in_answer = request.reasoning is None or request.reasoning.accept(token_id)
+                if so_request is not None and not stopped_here and in_answer:
                     # The matcher follows the tokens the request keeps; a complete grammar ends it.
                     if not so_request.accept_tokens(req_id, [token_id]):
                         request.status = RequestStatus.FINISHED_ERROR

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vlite.reasoning import CONTENT
 from vlite.request import Request, RequestStatus
 
 
@@ -36,6 +37,8 @@ def usable_drafts(request: Request, drafts: list[int], max_model_len: int) -> li
     room = min(max_tokens - request.num_output_tokens, max_model_len - request.num_tokens) - 1
     drafts = drafts[:max(room, 0)]
     so_request = request.structured_output_request
-    if drafts and so_request is not None:
+    if drafts and request.reasoning is not None and request.reasoning.phase != CONTENT:
+        drafts = request.reasoning.drafts_in_reasoning(drafts)  # the grammar starts after the thinking
+    elif drafts and so_request is not None:
         drafts = so_request.valid_prefix(drafts)
     return drafts

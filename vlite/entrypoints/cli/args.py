@@ -185,6 +185,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--chat-template", default=d.chat_template, metavar="TEMPLATE",
                        help="a Jinja chat template, as a file path or a literal template string; "
                             "default: the model's own")
+    group.add_argument("--reasoning-parser", default=d.reasoning_parser, metavar="NAME",
+                       help="a thinking model's reasoning parser: its output's thinking block goes to `reasoning`, "
+                            "apart from the answer, and structured outputs constrain the answer only. deepseek_r1, "
+                            "qwen3 (also QwQ, SmolLM3, Phi-4-reasoning), or generic with --reasoning-config")
+    group.add_argument("--reasoning-config", default=d.reasoning_config, metavar="JSON",
+                       help='the reasoning block\'s tags, vLLM\'s keys: \'{"reasoning_start_str": "<think>", '
+                            '"reasoning_end_str": "</think>"}\' (needed by --reasoning-parser generic; overrides a '
+                            'named parser\'s), and "implicit_start": true where output is reasoning without a '
+                            'start tag')
     group.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
                        help="where the model runs; auto: CUDA when torch sees a GPU, else the CPU "
                             "(default: %(default)s)")

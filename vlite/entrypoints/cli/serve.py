@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from typing import Any, Optional, Sequence
 
@@ -25,6 +26,16 @@ class LoRAModulesAction(argparse.Action):
         except ValueError as e:
             parser.error(f"argument {option_string or '--lora-modules'}: {e}")
         setattr(namespace, self.dest, modules)
+
+
+def _json_kwargs(value: str) -> dict[str, Any]:
+    """--default-chat-template-kwargs: a JSON object (argparse reports the ValueError as a usage error)."""
+    from vlite.entrypoints.openai.serving_chat import check_template_kwargs
+
+    try:
+        return check_template_kwargs(json.loads(value), "--default-chat-template-kwargs")
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(subparsers: Any) -> None:
@@ -62,6 +73,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--enable-auto-tool-choice", action="store_true", default=False,
                         help='allow tool_choice "auto" (the default when a request has tools): the model decides '
                              "whether to call, its output read with --tool-call-parser")
+    parser.add_argument("--default-chat-template-kwargs", type=_json_kwargs, default=None, metavar="JSON",
+                        help='keyword arguments every chat request passes to the chat template, e.g. '
+                             '\'{"enable_thinking": false}\'; a request\'s chat_template_kwargs override them')
     parser.add_argument("--lora-modules", nargs="+", action=LoRAModulesAction, default=None, metavar="LORA",
                         help="LoRA adapters (PEFT folders) to serve as models of their own, loaded at start-up; "
                              "needs --enable-lora. Each `name=path` or a JSON object "
@@ -89,4 +103,4 @@ def run_serve(ns: argparse.Namespace) -> int:
     return run_server(engine_args_from_cli(ns), ns.host, ns.port, ns.served_model_name, ns.api_key,
                       ns.uvicorn_log_level, ns.max_request_body_bytes, ns.max_waiting_requests, ns.log_prompts,
                       ns.trust_request_chat_template, ns.tool_call_parser, ns.enable_auto_tool_choice,
-                      ns.lora_modules)
+                      ns.lora_modules, ns.default_chat_template_kwargs)

@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vlite.config import ReasoningConfig
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.async_llm import AsyncLLM, EngineGenerateError
 from vlite.engine.core_client import EngineDeadError
@@ -92,14 +93,15 @@ class EngineHolder:
 
     def set(self, engine: AsyncLLM, log_prompts: bool = False, trust_request_chat_template: bool = False,
             tool_call_parser: Optional[str] = None, enable_auto_tool_choice: bool = False,
-            models: Optional[OpenAIServingModels] = None) -> None:
+            models: Optional[OpenAIServingModels] = None,
+            default_chat_template_kwargs: Optional[dict[str, Any]] = None) -> None:
         """`models`: the registry with the --lora-modules adapters already loaded; default: the base model only."""
         pool = new_tokenizer_pool()  # one tokenizer thread for all handlers
         models = models or OpenAIServingModels(engine, self.served_model_names)
         self.models = models
         self.completion = OpenAIServingCompletion(engine, models, log_prompts, pool)
         self.chat = OpenAIServingChat(engine, models, log_prompts, trust_request_chat_template, tool_call_parser,
-                                      enable_auto_tool_choice, pool)
+                                      enable_auto_tool_choice, pool, default_chat_template_kwargs)
         self.embedding = OpenAIServingEmbedding(engine, models, log_prompts, pool)
         self.score = OpenAIServingScore(engine, models, log_prompts, pool)
         self.engine = engine  # last: the routes take a set engine to mean the handlers are there
@@ -346,7 +348,8 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
                max_request_body_bytes: int = 4 * 2**20, max_waiting_requests: int = 1024,
                log_prompts: bool = False, trust_request_chat_template: bool = False,
                tool_call_parser: Optional[str] = None, enable_auto_tool_choice: bool = False,
-               lora_modules: Optional[list[LoRAModulePath]] = None) -> int:
+               lora_modules: Optional[list[LoRAModulePath]] = None,
+               default_chat_template_kwargs: Optional[dict[str, Any]] = None) -> int:
     """Listen at once (answering 503 while the model loads, and its --lora-modules adapters); exit non-zero if
     the engine dies, or fails to start or to load an adapter."""
     import uvicorn
@@ -357,6 +360,7 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
         ToolParserManager.get_tool_parser(tool_call_parser)  # an unknown name fails before the model loads
     if enable_auto_tool_choice and tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+    ReasoningConfig.from_user(engine_args.reasoning_parser, engine_args.reasoning_config)  # before the model loads
 
     from vlite.metrics import PrometheusStatLogger
     from vlite.model_loader import resolve_model
@@ -401,7 +405,7 @@ def run_server(engine_args: EngineArgs, host: str, port: int, served_model_name:
                 failed, server.should_exit = True, True
                 return
             holder.set(engine, log_prompts, trust_request_chat_template, tool_call_parser, enable_auto_tool_choice,
-                       models)
+                       models, default_chat_template_kwargs)
             logger.warning("vlite: serving %s at http://%s:%d (API pid %d, engine core pid %s); try:\n"
                            "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' "
                            "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",

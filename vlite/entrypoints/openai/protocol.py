@@ -213,6 +213,7 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    include_reasoning: bool = True  # with --reasoning-parser: false leaves the thinking out of the response
     echo: bool = False
     tools: Optional[list[ChatCompletionToolsParam]] = Field(default=None, max_length=128)
     tool_choice: Optional[Union[Literal["none", "auto", "required"], ChatCompletionNamedToolChoiceParam]] = None

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional
 
+from vlite.config import ReasoningConfig
 from vlite.engine.async_llm import AsyncLLM
 from vlite.entrypoints.openai.protocol import ChatCompletionRequest
 from vlite.entrypoints.openai.serving_models import OpenAIServingModels
@@ -17,6 +18,25 @@ from vlite.entrypoints.openai.serving_engine import (ChoiceState, OpenAIError, O
 from vlite.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
 from vlite.entrypoints.openai.tool_parsers.constrained import NamedToolCallParser, RequiredToolCallParser
 from vlite.outputs import CompletionOutput, Logprob
+from vlite.reasoning import ReasoningParser
+
+# apply_chat_template's own parameters: chat_template_kwargs may not set them.
+_TEMPLATE_PARAMS = {"conversation", "messages", "chat_template", "tokenize", "add_generation_prompt",
+                    "continue_final_message", "tools", "documents", "return_dict", "return_tensors", "padding",
+                    "truncation", "max_length"}
+
+
+def check_template_kwargs(kwargs: Any, field: str = "chat_template_kwargs") -> dict[str, Any]:
+    """chat_template_kwargs (a request's, or the server's defaults): a dict of template variables, none of
+    them one of apply_chat_template's own parameters; enable_thinking a boolean."""
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{field} must be a JSON object, got {type(kwargs).__name__}")
+    clash = sorted(set(kwargs) & _TEMPLATE_PARAMS)
+    if clash:
+        raise ValueError(f"{field} may not set {clash}: they are the request's own fields")
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise ValueError(f"{field}.enable_thinking must be true or false, got {kwargs['enable_thinking']!r}")
+    return kwargs
 
 
 @dataclass
@@ -33,11 +53,32 @@ class _Tools:
         return "tool_calls" if called and finish_reason == "stop" and self.choice != "named" else finish_reason
 
 
+@dataclass
+class _Split:
+    """How a chat request's outputs are split into reasoning and answer: the server's parser, where the
+    output starts (read off the rendered prompt's end), and whether the reasoning is returned at all."""
+
+    parser_cls: type[ReasoningParser]
+    phase: str
+    include: bool
+
+    def new_parser(self, tokenizer: Any) -> ReasoningParser:
+        return self.parser_cls(tokenizer, self.phase)
+
+
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, log_prompts: bool = False,
                  trust_request_chat_template: bool = False, tool_call_parser: Optional[str] = None,
-                 enable_auto_tool_choice: bool = False, tokenizer_pool: Optional[ThreadPoolExecutor] = None) -> None:
+                 enable_auto_tool_choice: bool = False, tokenizer_pool: Optional[ThreadPoolExecutor] = None,
+                 default_chat_template_kwargs: Optional[dict[str, Any]] = None) -> None:
         super().__init__(engine, models, log_prompts, tokenizer_pool)
+        self.default_chat_template_kwargs = check_template_kwargs(dict(default_chat_template_kwargs or {}),
+                                                                  "default_chat_template_kwargs")
+        # The engine's --reasoning-parser: outputs split into `reasoning` and the answer (None: no split).
+        args = getattr(engine, "engine_args", None)
+        config = ReasoningConfig.from_user(getattr(args, "reasoning_parser", None),
+                                           getattr(args, "reasoning_config", None))
+        self.reasoning_parser_cls: Optional[type[ReasoningParser]] = config.parser_class() if config else None
         # Tool calls of tool_choice "auto" are read by the parser named with --tool-call-parser, and only
         # with --enable-auto-tool-choice (vLLM's rule: the operator says the model can choose to call).
         self.tool_parser_cls = ToolParserManager.get_tool_parser(tool_call_parser) if tool_call_parser else None
@@ -67,7 +108,11 @@ class OpenAIServingChat(OpenAIServing):
             messages.append(message)
         if not messages:
             raise OpenAIError("messages must not be empty", 400, "messages")
-        kwargs = dict(getattr(request, "chat_template_kwargs", None) or {})
+        try:
+            kwargs = {**self.default_chat_template_kwargs,
+                      **check_template_kwargs(getattr(request, "chat_template_kwargs", None) or {})}
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, "chat_template_kwargs") from None
         tools = getattr(request, "tools", None)
         if tools:
             # As vLLM and transformers pass them: the template renders the functions (those that know how).
@@ -106,12 +151,14 @@ class OpenAIServingChat(OpenAIServing):
             raise
         if tools is not None and tools.choice != "auto":
             prepared[0].constraint_field = "tools"  # the schema (compiled in the engine) comes from the tools
+        split = None if self.reasoning_parser_cls is None else \
+            _Split(self.reasoning_parser_cls, self.reasoning_parser_cls.prompt_phase(text), request.include_reasoning)
         if request.stream:
             await self._start_constrained(prepared)
             usage = Usage(prompt_tokens=len(prepared[0].token_ids))
-            return self._stream(self._chat_chunks(request, prepared, usage, tools), base_id, "chat.completion.chunk",
-                                model, usage, request.stream_options)
-        return self._chat_full(request, prepared, base_id, model, tools)  # awaited by the route
+            return self._stream(self._chat_chunks(request, prepared, usage, tools, split), base_id,
+                                "chat.completion.chunk", model, usage, request.stream_options)
+        return self._chat_full(request, prepared, base_id, model, tools, split)  # awaited by the route
 
     def _check_tools(self, request: ChatCompletionRequest) -> Optional[_Tools]:
         """vLLM's rules for tools / tool_choice; None when the output is not read for tool calls."""
@@ -138,7 +185,7 @@ class OpenAIServingChat(OpenAIServing):
         return _Tools("named", lambda: NamedToolCallParser(name, self.tokenizer), parallel)
 
     async def _chat_full(self, request: ChatCompletionRequest, prepared: list[Prepared], base_id: str,
-                         model: str, tools: Optional[_Tools] = None) -> dict[str, Any]:
+                         model: str, tools: Optional[_Tools] = None, split: Optional[_Split] = None) -> dict[str, Any]:
         final = (await self._final_outputs(prepared)).get(0)
         assert final is not None
         usage = Usage(prompt_tokens=len(prepared[0].token_ids))
@@ -146,9 +193,13 @@ class OpenAIServingChat(OpenAIServing):
         for c in sorted(final.outputs, key=lambda c: c.index):
             usage.choices[c.index] = ChoiceState(completion_tokens=len(c.token_ids))
             message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            if split is not None:  # the thinking apart; tool calls are read from the answer only
+                reasoning, message["content"] = split.new_parser(self.tokenizer).extract_reasoning(c.text)
+                if split.include:
+                    message["reasoning"] = message["reasoning_content"] = reasoning  # vLLM's names, new and old
             finish_reason = c.finish_reason
             if tools is not None:
-                parsed = tools.make_parser().extract_tool_calls(c.text)
+                parsed = tools.make_parser().extract_tool_calls(message["content"] or "")
                 message["content"] = parsed.content if parsed.tools_called else parsed.content or ""
                 if parsed.tools_called:
                     message["tool_calls"] = parsed.tool_calls if tools.parallel else parsed.tool_calls[:1]
@@ -159,8 +210,10 @@ class OpenAIServingChat(OpenAIServing):
         return self._response(base_id, "chat.completion", model, choices, usage)
 
     async def _chat_chunks(self, request: ChatCompletionRequest, prepared: list[Prepared], usage: Usage,
-                           tools: Optional[_Tools] = None) -> AsyncIterator[list[dict[str, Any]]]:
-        """The choices of each stream chunk (see OpenAIServing._stream), counting tokens into `usage`."""
+                           tools: Optional[_Tools] = None, split: Optional[_Split] = None
+                           ) -> AsyncIterator[list[dict[str, Any]]]:
+        """The choices of each stream chunk (see OpenAIServing._stream), counting tokens into `usage`. With a
+        reasoning parser, `reasoning` deltas (the thinking) come before the answer's."""
         # The first chunk of each choice carries the role.
         yield [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                for i in range(request.n)]
@@ -168,10 +221,20 @@ class OpenAIServingChat(OpenAIServing):
             for c in out.outputs:
                 state = usage.choices.setdefault(c.index, ChoiceState())
                 state.completion_tokens += len(c.token_ids)
-                delta: dict[str, Any] = {"content": c.text} if c.text else {}
+                text, reasoning = c.text, ""
+                if split is not None:
+                    if state.reasoning_parser is None:
+                        state.reasoning_parser = split.new_parser(self.tokenizer)
+                    d = state.reasoning_parser.extract_reasoning_streaming(c.text)
+                    if c.finish_reason is not None:
+                        d.extend(state.reasoning_parser.finish_streaming())
+                    text, reasoning = d.content, d.reasoning if split.include else ""
+                delta: dict[str, Any] = {"content": text} if text else {}
                 finish_reason = c.finish_reason
                 if tools is not None:
-                    delta, finish_reason = self._tool_delta(tools, state, c)
+                    delta, finish_reason = self._tool_delta(tools, state, text, c.finish_reason)
+                if reasoning:
+                    delta = {"reasoning": reasoning, "reasoning_content": reasoning, **delta}
                 if not delta and c.finish_reason is None and not (request.logprobs and c.token_ids):
                     continue
                 yield [{"index": c.index, "delta": delta,
@@ -179,13 +242,14 @@ class OpenAIServingChat(OpenAIServing):
                         "finish_reason": finish_reason, "stop_reason": c.stop_reason}]
 
     @staticmethod
-    def _tool_delta(tools: _Tools, state: ChoiceState, c: CompletionOutput) -> tuple[dict[str, Any], Optional[str]]:
-        """A streamed piece of a choice read for tool calls: its content and tool-call deltas."""
+    def _tool_delta(tools: _Tools, state: ChoiceState, text: str,
+                    finish_reason: Optional[str]) -> tuple[dict[str, Any], Optional[str]]:
+        """A streamed piece of a choice's answer read for tool calls: its content and tool-call deltas."""
         if state.tool_parser is None:
             state.tool_parser = tools.make_parser()
         parser = state.tool_parser
-        d = parser.extract_tool_calls_streaming(c.text)
-        if c.finish_reason is not None:
+        d = parser.extract_tool_calls_streaming(text)
+        if finish_reason is not None:
             d.extend(parser.finish_streaming())
         delta: dict[str, Any] = {}
         if d.content:
@@ -193,7 +257,7 @@ class OpenAIServingChat(OpenAIServing):
         calls = d.tool_calls if tools.parallel else [tc for tc in d.tool_calls if tc["index"] == 0]
         if calls:
             delta["tool_calls"] = calls
-        return delta, tools.finish_reason(parser.num_calls > 0, c.finish_reason)
+        return delta, tools.finish_reason(parser.num_calls > 0, finish_reason)
 
     def _chat_logprobs(self, c: CompletionOutput, request: ChatCompletionRequest) -> dict[str, Any]:
         n_top = request.top_logprobs or 0

@@ -17,6 +17,7 @@ from vlite.entrypoints.openai.structured_outputs import constraint_field
 from vlite.entrypoints.openai.tool_parsers import ToolParser
 from vlite.lora.request import LoRARequest
 from vlite.outputs import Logprob, RequestOutput
+from vlite.reasoning import ReasoningParser
 
 if TYPE_CHECKING:
     from vlite.entrypoints.openai.serving_models import OpenAIServingModels
@@ -75,6 +76,7 @@ class ChoiceState:
     finished: bool = False
     echoed: bool = False
     tool_parser: Optional[ToolParser] = None
+    reasoning_parser: Optional[ReasoningParser] = None
 
 
 @dataclass

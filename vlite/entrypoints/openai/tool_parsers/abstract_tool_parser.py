@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from vlite.entrypoints.openai.tool_parsers.json_stream import CallAssembler, JsonError, JsonLexer
+from vlite.utils import held_prefix  # noqa: F401  (the parsers' import of it)
 
 
 def make_tool_call_id() -> str:
@@ -132,11 +133,3 @@ class ToolParser:
         out = self._call_deltas(final=True)
         self._assembler = self._lexer = None
         return out
-
-
-def held_prefix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that could be the start of `marker` (kept back while streaming)."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
