@@ -227,13 +227,19 @@ void cascade_impl(const T* q, const T* kc, const T* vc, const int64_t* bt, const
                   int64_t H, int64_t HKV, int64_t NB, int64_t BS, int64_t MB, float scale, int64_t P) {
   constexpr int64_t D = NV * 16;
   const int64_t G = H / HKV, Lp = P * BS, chunks = (Lp + kChunk - 1) / kChunk;
-  // the suffix: every row's own keys, float32 outputs and their log-sum-exp
-  std::vector<float> o_s(N * H * D), lse_s(N * H);
-  decode_attention_fast<NV, T, float>(q, kc, vc, bt, sl, o_s.data(), N, H, HKV, NB, BS, MB, scale, 0, Lp,
-                                      lse_s.data());
+  // Scratch kept between calls (a layer's ~0.7 MB of fresh pages cost page faults every call); the
+  // parallel regions below read it through these pointers (a thread_local named there would be that
+  // thread's own, empty one).
+  thread_local std::vector<float> scratch;
+  scratch.resize(N * H * (D + 1) + chunks * N * H * (D + 2));
+  float* o_s = scratch.data();  // the suffix: every row's own keys, float32 outputs and their log-sum-exp
+  float* lse_s = o_s + N * H * D;
+  float* pm = lse_s + N * H;  // the prefix's chunks: max, sum and unnormalized output per query head
+  float* pl = pm + chunks * N * H;
+  float* pacc = pl + chunks * N * H;
+  decode_attention_fast<NV, T, float>(q, kc, vc, bt, sl, o_s, N, H, HKV, NB, BS, MB, scale, 0, Lp, lse_s);
   // the prefix: units of (kv head, chunk, group of query vectors)
-  std::vector<float> pm(chunks * N * H), pl(chunks * N * H), pacc(chunks * N * H * D);
-  const PrefixOut po{pm.data(), pl.data(), pacc.data(), N, H, G, D};
+  const PrefixOut po{pm, pl, pacc, N, H, G, D};
   const int64_t vectors = N * G, groups = (vectors + kVectors - 1) / kVectors;
   at::parallel_for(0, HKV * chunks * groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
@@ -250,13 +256,13 @@ void cascade_impl(const T* q, const T* kc, const T* vc, const int64_t* bt, const
       const float ws = std::exp(lse_s[i] - mx);  // 0 where the row has no keys of its own (lse -inf)
       float total = ws;
       Vec16 o[NV];
-      for (int cc = 0; cc < NV; ++cc) o[cc] = Vec16::set1(ws) * Vec16::load(o_s.data() + i * D + cc * 16);
+      for (int cc = 0; cc < NV; ++cc) o[cc] = Vec16::set1(ws) * Vec16::load(o_s + i * D + cc * 16);
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t t = c * N * H + i;
         const float w = std::exp(pm[t] - mx);
         total += w * pl[t];
         const Vec16 wv = Vec16::set1(w);
-        for (int cc = 0; cc < NV; ++cc) o[cc] = fmadd(wv, Vec16::load(pacc.data() + t * D + cc * 16), o[cc]);
+        for (int cc = 0; cc < NV; ++cc) o[cc] = fmadd(wv, Vec16::load(pacc + t * D + cc * 16), o[cc]);
       }
       const Vec16 inv = Vec16::set1(1.f / total);
       for (int cc = 0; cc < NV; ++cc) store16(out + i * D + cc * 16, o[cc] * inv);
