@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from vlite.reasoning import CONTENT
 from vlite.request import Request, RequestStatus
 
@@ -37,8 +39,37 @@ def usable_drafts(request: Request, drafts: list[int], max_model_len: int) -> li
     room = min(max_tokens - request.num_output_tokens, max_model_len - request.num_tokens) - 1
     drafts = drafts[:max(room, 0)]
     so_request = request.structured_output_request
+    budget = params.thinking_token_budget
+    if drafts and budget is not None and request.reasoning is not None:
+        drafts = request.reasoning.drafts_within_budget(drafts, budget)  # none past a forced token
     if drafts and request.reasoning is not None and request.reasoning.phase != CONTENT:
         drafts = request.reasoning.drafts_in_reasoning(drafts)  # the grammar starts after the thinking
     elif drafts and so_request is not None:
         drafts = so_request.valid_prefix(drafts)
     return drafts
+
+
+def forced_tokens(requests: dict[str, Request], budgeted: set[str], sample_req_ids: Iterable[str],
+                  scheduled_spec: dict[str, list[int]]) -> dict[str, int]:
+    """Thinking budgets: the token each sampled request in `budgeted` must take next (its end tag's next token,
+    once its block holds thinking_token_budget tokens); those past their block leave `budgeted`.
+
+    The state is the scheduler's (the request's ReasoningTracker, fed the tokens it keeps), not the runner's:
+    it is what preemption, fault recovery and speculative decoding already keep right, and the runner gets
+    a plain req_id -> token map with the step, like the grammar bitmask. Drafts stop short of a forced token
+    (usable_drafts), so only a request's last logits row, the one after its drafts, can be forced.
+    """
+    if not budgeted:
+        return {}
+    forced: dict[str, int] = {}
+    for req_id in budgeted.intersection(sample_req_ids):
+        request = requests[req_id]
+        reasoning = request.reasoning
+        if reasoning is None or reasoning.phase == CONTENT:
+            budgeted.discard(req_id)  # the block is closed: nothing left to force
+            continue
+        token = reasoning.forced_token(request.sampling_params.thinking_token_budget or 0,
+                                       scheduled_spec.get(req_id, ()))
+        if token is not None:
+            forced[req_id] = token
+    return forced
