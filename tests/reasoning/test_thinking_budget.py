@@ -145,6 +145,10 @@ def test_spec_decode_drafts_stop_at_the_forced_token(thinking_model_dir) -> None
         params = SamplingParams(temperature=0.0, max_tokens=30, thinking_token_budget=b)
         text = spec.generate([prompt], params, use_tqdm=False)[0].outputs[0].text
         assert text == "<think>" + "".join(PIECES[:b]) + "</think>" + tm.ANSWER, b
+        # Random (the rejection sampler's random path), the prompt opening the block: the forced row holds.
+        random = SamplingParams(temperature=60.0, seed=b, max_tokens=12, thinking_token_budget=b)
+        ids = list(spec.generate([prompt + "<think>"], random, use_tqdm=False)[0].outputs[0].token_ids)
+        assert thinking(spec, ids, opened=True) == (b, True), ids
     assert spec.llm_engine.engine_core.scheduler.spec_decoding_stats.num_accepted_tokens > 0  # drafts ran
 
 

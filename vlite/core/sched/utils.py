@@ -31,22 +31,22 @@ def check_stop(request: Request, max_model_len: int) -> bool:
 
 def usable_drafts(request: Request, drafts: list[int], max_model_len: int) -> list[int]:
     """The leading drafts `request` can take: the next step yields up to 1 + len(drafts) tokens, none past
-    max_tokens or max_model_len, and under a grammar only drafts it accepts."""
+    max_tokens or max_model_len, under a thinking budget none from a token it forces, and under a grammar only
+    drafts it accepts."""
     if not drafts:
         return drafts
     params = request.sampling_params
     max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len
     room = min(max_tokens - request.num_output_tokens, max_model_len - request.num_tokens) - 1
     drafts = drafts[:max(room, 0)]
-    so_request = request.structured_output_request
-    budget = params.thinking_token_budget
-    if drafts and budget is not None and request.reasoning is not None:
-        drafts = request.reasoning.drafts_within_budget(drafts, budget)  # none past a forced token
-    if drafts and request.reasoning is not None and request.reasoning.phase != CONTENT:
-        drafts = request.reasoning.drafts_in_reasoning(drafts)  # the grammar starts after the thinking
-    elif drafts and so_request is not None:
-        drafts = so_request.valid_prefix(drafts)
-    return drafts
+    so_request, reasoning = request.structured_output_request, request.reasoning
+    if drafts and reasoning is not None and params.thinking_token_budget is not None:
+        drafts = reasoning.drafts_within_budget(drafts, params.thinking_token_budget)
+    if not drafts or so_request is None:
+        return drafts
+    if reasoning is not None and reasoning.phase != CONTENT:
+        return reasoning.drafts_in_reasoning(drafts)  # the grammar starts after the thinking
+    return so_request.valid_prefix(drafts)
 
 
 def forced_tokens(requests: dict[str, Request], budgeted: set[str], sample_req_ids: Iterable[str],
