@@ -13,10 +13,10 @@ of each is reported, with the ratio (issue 15 asks for >= 0.9).
 from __future__ import annotations
 
 import sys
-import time
 
-from vlite import LLM, SamplingParams, StructuredOutputsParams, profiler
+from vlite import LLM, SamplingParams, StructuredOutputsParams
 from vlite.benchmarks.datasets import random_requests, tokenizer_special_ids
+from vlite.benchmarks.utils import alternate_runs
 
 SCHEMA = {"type": "array", "minItems": 40, "items": {
     "type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 9999},
@@ -32,22 +32,9 @@ def main(rounds: int) -> None:
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in reqs]
     schema = StructuredOutputsParams(json=SCHEMA)
     llm.generate([prompts[0]], SamplingParams(max_tokens=2, structured_outputs=schema), use_tqdm=False)  # warm-up
-    best = {"plain": 0.0, "json": 0.0}
-    for rnd in range(rounds):
-        for kind in (("json", "plain") if rnd % 2 == 0 else ("plain", "json")):
-            params = [SamplingParams(temperature=1.0, max_tokens=r.output_len, ignore_eos=True,
-                                     structured_outputs=schema if kind == "json" else None) for r in reqs]
-            llm.reset_prefix_cache()
-            profiler.reset()
-            start = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            elapsed = time.perf_counter() - start
-            tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-            best[kind] = max(best[kind], tokens / elapsed)
-            line = f"{kind:5s}: {tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.1f} output tok/s"
-            if profiler.is_enabled():
-                line += "  " + ", ".join(f"{k} {v['seconds']:.3f} s" for k, v in profiler.summary().items())
-            print(line, flush=True)
+    best = alternate_runs(llm, prompts, lambda kind: [
+        SamplingParams(temperature=1.0, max_tokens=r.output_len, ignore_eos=True,
+                       structured_outputs=schema if kind == "json" else None) for r in reqs], ("json", "plain"), rounds)
     print(f"best: plain {best['plain']:.1f}, json {best['json']:.1f} output tok/s; "
           f"json / plain = {best['json'] / best['plain']:.3f}")
 

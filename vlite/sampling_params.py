@@ -172,6 +172,9 @@ class SamplingParams:
     bad_words: Optional[list[str]] = None
     truncate_prompt_tokens: Optional[int] = None
     structured_outputs: Optional[StructuredOutputsParams] = None
+    # With a reasoning parser: the most tokens the thinking block may hold, after which its end tag is forced
+    # (vLLM's name; None: unlimited, 0: no thinking). Structured outputs then constrain the answer after it.
+    thinking_token_budget: Optional[int] = None
     # Filled by the input processor: token ids of bad_words as the model would emit them.
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
@@ -246,6 +249,9 @@ class SamplingParams:
                   "a map from non-negative token ids to finite numbers")
         if self.bad_words is not None:
             check(all(isinstance(w, str) and w for w in self.bad_words), "bad_words", "a list of non-empty strings")
+        if self.thinking_token_budget is not None:
+            check(_is_int(self.thinking_token_budget) and self.thinking_token_budget >= 0, "thinking_token_budget",
+                  "None (unlimited) or a non-negative integer (0: no thinking)")
         check(isinstance(self.output_kind, RequestOutputKind), "output_kind", "a RequestOutputKind")
         check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
               "structured_outputs", "a StructuredOutputsParams")

@@ -6,7 +6,8 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Optional
 
 from vlite import profiler
@@ -163,3 +164,26 @@ def spec_decoding_rows(report: Optional[dict[str, float]]) -> list[tuple[str, An
             ("Spec accepted tokens", report["num_accepted_tokens"]),
             ("Spec acceptance rate", report["acceptance_rate"]),
             ("Spec mean acceptance length", report["mean_acceptance_length"])]
+
+
+def alternate_runs(llm: Any, prompts: list, params_of: Callable[[str], list], kinds: tuple[str, str],
+                   rounds: int) -> dict[str, float]:
+    """Best output tok/s of each of two kinds of run of the same prompts (`params_of(kind)`: their
+    SamplingParams), alternating which goes first per round, with a line per run (VLITE_PROFILE=1 adds the
+    phase times): A/B cost checks such as benchmarks/structured_outputs.py."""
+    best = dict.fromkeys(kinds, 0.0)
+    for rnd in range(rounds):
+        for kind in (kinds if rnd % 2 == 0 else kinds[::-1]):
+            params = params_of(kind)
+            llm.reset_prefix_cache()
+            profiler.reset()
+            start = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+            best[kind] = max(best[kind], tokens / elapsed)
+            line = f"{kind:6s}: {tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.1f} output tok/s"
+            if profiler.is_enabled():
+                line += "  " + ", ".join(f"{k} {v['seconds']:.3f} s" for k, v in profiler.summary().items())
+            print(line, flush=True)
+    return best

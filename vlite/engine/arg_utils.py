@@ -61,6 +61,9 @@ class EngineArgs:
     # JSON text with vLLM's reasoning_start_str / reasoning_end_str); see vlite.config.ReasoningConfig.
     reasoning_parser: Optional[str] = None
     reasoning_config: Any = None
+    # The thinking_token_budget of requests that set none (llama.cpp's --reasoning-budget): -1 unlimited, 0 no
+    # thinking, N at most N thinking tokens before the end tag is forced. Needs reasoning_parser.
+    reasoning_budget: int = -1
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
@@ -85,6 +88,7 @@ class EngineArgs:
         lora_config = self._lora_config(speculative_config)
         kv_transfer_config = KVTransferConfig.from_user(self.kv_offload_dir, self.kv_offload_size)
         reasoning_config = ReasoningConfig.from_user(self.reasoning_parser, self.reasoning_config)
+        self._check_reasoning_budget()
         parallel_config = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                          distributed_executor_backend=self.distributed_executor_backend,
                                          data_parallel_size=self.data_parallel_size)
@@ -184,6 +188,15 @@ class EngineArgs:
 
             loaded.kv_model_id = model_id(loaded)
         return loaded
+
+    def _check_reasoning_budget(self) -> None:
+        budget = self.reasoning_budget
+        if not isinstance(budget, int) or isinstance(budget, bool) or not -1 <= budget < 2**63:
+            raise ValueError(f"reasoning_budget must be -1 (unlimited), 0 (no thinking) or a positive number of "
+                             f"tokens, got {budget!r}")
+        if budget >= 0 and self.reasoning_parser is None:
+            raise ValueError("reasoning_budget needs reasoning_parser (--reasoning-parser): it forces the parser's "
+                             "end tag")
 
     def _lora_config(self, speculative_config: Optional[SpeculativeConfig]) -> Optional[LoRAConfig]:
         """LoRAConfig with enable_lora, else None (checked before the model loads). Speculative decoding goes with

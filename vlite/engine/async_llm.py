@@ -91,6 +91,8 @@ class AsyncLLM:
         self.input_processor.hidden_size = ready.hidden_size
         self.input_processor.max_prompt_tokens = ready.max_prompt_tokens
         self.input_processor.enable_lora = self.engine_args.enable_lora
+        self.input_processor.reasoning_parser = self.engine_args.reasoning_parser is not None
+        self.input_processor.reasoning_budget = self.engine_args.reasoning_budget
         self._output_task = asyncio.create_task(self._output_handler(), name="vlite-output-handler")
 
     @property

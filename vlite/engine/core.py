@@ -105,10 +105,16 @@ class EngineCore:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         if request.lora_request is not None:
             self.ensure_lora(request.lora_request)  # a bad adapter fails this request now, before any work
+        budget = req.sampling_params.thinking_token_budget
+        if budget is not None and self._reasoning_parser_cls is None:
+            raise ValueError("thinking_token_budget needs a reasoning parser (start the engine with "
+                             "reasoning_parser=..., --reasoning-parser): it is the parser's end tag that is forced")
         if req.sampling_params.structured_outputs is not None:
             # Compiled on the manager's threads; the request waits in WAITING_FOR_FSM meanwhile.
             self.structured_output_manager.grammar_init(req)
-            # A thinking model's grammar constrains the answer, not the thinking before it.
+        if req.sampling_params.structured_outputs is not None or budget is not None:
+            # A thinking model's grammar constrains the answer, not the thinking before it; a thinking budget
+            # counts the block's tokens and the scheduler forces its end tag once they reach the budget.
             req.reasoning = self.reasoning_tracker(req)
         self.scheduler.add_request(req)
 

@@ -52,6 +52,10 @@ class InputProcessor:
         self._prompt_tokens: Optional[int] = None  # _prompt_length, once
         # The engine was started with enable_lora (requests may name an adapter).
         self.enable_lora = False
+        # The engine has a reasoning parser (thinking_token_budget needs one), and its reasoning_budget: the
+        # thinking_token_budget of requests that set none (llama.cpp's --reasoning-budget; -1: unlimited).
+        self.reasoning_parser = False
+        self.reasoning_budget = -1
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):
@@ -84,6 +88,8 @@ class InputProcessor:
             token_ids = token_ids[-params.truncate_prompt_tokens:]
         self._validate(token_ids, params)
         params = params.clone()
+        if params.thinking_token_budget is None and self.reasoning_budget >= 0:
+            params.thinking_token_budget = self.reasoning_budget
         if params.bad_words:
             params._bad_words_token_ids = self._tokenize_bad_words(params.bad_words)
         return prompt_text, EngineCoreRequest(request_id, token_ids, params, self.eos_token_ids,
@@ -230,6 +236,9 @@ class InputProcessor:
         if params is None:
             return
         params.verify_vocab(self.vocab_size)
+        if params.thinking_token_budget is not None and not self.reasoning_parser:
+            raise ValueError("thinking_token_budget needs a reasoning parser: start the engine with "
+                             "reasoning_parser=... (--reasoning-parser), whose end tag the budget forces")
         if params.structured_outputs is not None and self.validate_structured_outputs is not None:
             self.validate_structured_outputs(params.structured_outputs)
 

@@ -73,6 +73,8 @@ class LLMEngine:
         self.input_processor.pooler_config = loaded.pooler_config
         self.input_processor.hidden_size = loaded.arch.hidden_size
         self.input_processor.enable_lora = loaded.config.lora_config is not None
+        self.input_processor.reasoning_parser = loaded.config.reasoning_config is not None
+        self.input_processor.reasoning_budget = engine_args.reasoning_budget
         if not loaded.config.scheduler_config.enable_chunked_prefill:
             self.input_processor.max_prompt_tokens = loaded.config.scheduler_config.max_num_batched_tokens
         self.output_processor = OutputProcessor(self.tokenizer)

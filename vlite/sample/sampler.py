@@ -4,7 +4,7 @@ Order of operations (as in the design):
   1. raw logprobs (log_softmax of the model's logits) if any row wants logprobs
   2. logits -> float32
   3. logits processors: allowed_token_ids mask, bad_words, min_tokens (EOS/stop suppressed),
-     logit_bias
+     logit_bias, then a thinking budget's forced token (the one token its row may yield)
   4. penalties: repetition (prompt + output), frequency and presence (output)
   5. greedy rows: argmax; other rows: temperature -> min_p -> top-k/top-p -> random sample
   6. logprobs of the top-N tokens and of the sampled token, with the sampled token's rank
@@ -108,7 +108,17 @@ def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch
     if md.logit_bias is not None:
         rows, ids, bias = md.logit_bias
         logits.index_put_((rows, ids), bias, accumulate=True)
+    if md.forced_tokens is not None:
+        force_tokens(logits, *md.forced_tokens)
     return logits
+
+
+def force_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
+    """Thinking budgets: each of `rows` may yield only its token of `token_ids` (two indexed writes, whatever
+    the vocabulary). Last among the processors, so no mask or bias before can rule the token out; penalties
+    after it leave it finite and every other token -inf, so greedy, random, top-k/p and min_p all take it."""
+    logits[rows] = _NEG_INF
+    logits[rows, token_ids] = 0.0
 
 
 def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

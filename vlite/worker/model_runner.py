@@ -13,7 +13,7 @@ the tokens to the batch and, with speculative decoding, has the Drafter propose 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -27,6 +27,7 @@ from vlite.layers.quantization import QuantizationPlan
 from vlite.model_loader import ModelArchConfig
 from vlite.models.registry import build_model
 from vlite.profiler import section
+from vlite.sample.metadata import with_forced_tokens
 from vlite.sample.rejection_sampler import rejection_sample
 from vlite.sample.sampler import Sampler, gather_logprobs
 from vlite.pooling.config import PoolerConfig
@@ -99,6 +100,7 @@ class _StepState:
     pooler_output: dict  # req_id -> pooled output, computed in execute_model
     num_drafts: Optional[np.ndarray] = None  # [len(req_ids)] draft tokens verified per request; None: none
     draft_token_ids: Optional[np.ndarray] = None  # all of them, flat, requests in order
+    forced_token_ids: dict[str, int] = field(default_factory=dict)  # thinking budgets: last row's only token
 
 
 class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
@@ -217,7 +219,7 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
             pooled = (pooled_outputs(self.pooler, hidden, inputs, scheduler_output, self.requests)
                       if self.pooler is not None else {})
         self._step = _StepState(inputs.sample_req_ids, inputs.sample_rows, logits, prompt_logprobs, pooled,
-                                inputs.num_drafts, inputs.draft_token_ids)
+                                inputs.num_drafts, inputs.draft_token_ids, scheduler_output.forced_token_ids)
         self._kv_connector_after_forward(scheduler_output)  # blocks completed in this step, copied out now
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
@@ -393,7 +395,8 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         batch = self.input_batch
         rows = step.rows
         if step.num_drafts is None:
-            metadata = batch.make_sampling_metadata(rows)
+            metadata = with_forced_tokens(batch.make_sampling_metadata(rows), step.req_ids, None,
+                                          step.forced_token_ids, step.logits.device)
             if grammar_output is not None:
                 with section("grammar_mask"):
                     apply_step_bitmask(step.logits, step.req_ids, step.num_drafts, grammar_output)
@@ -406,7 +409,8 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
             counts = step.num_drafts + 1
             # Logits row i of request b scores the token after its first i drafts.
             offsets = group_offsets(counts)
-            metadata = batch.make_sampling_metadata(np.repeat(rows, counts), offsets)
+            metadata = with_forced_tokens(batch.make_sampling_metadata(np.repeat(rows, counts), offsets),
+                                          step.req_ids, step.num_drafts, step.forced_token_ids, step.logits.device)
             if grammar_output is not None:
                 with section("grammar_mask"):
                     apply_step_bitmask(step.logits, step.req_ids, step.num_drafts, grammar_output)

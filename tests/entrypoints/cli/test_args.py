@@ -75,7 +75,9 @@ def test_engine_args_from_cli_maps_every_flag():
                "-tp", "2", "--data-parallel-size", "3", "--distributed-executor-backend", "ray",
                "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}', "--runner", "pooling",
                "--convert", "embed", "--enable-lora", "--max-loras", "3", "--max-lora-rank", "64",
-               "--max-cpu-loras", "5", "--kv-offload-dir", "/tmp/kv", "--kv-offload-size", "2.5")
+               "--max-cpu-loras", "5", "--kv-offload-dir", "/tmp/kv", "--kv-offload-size", "2.5",
+               "--reasoning-parser", "generic", "--reasoning-config", '{"reasoning_end_str": "</r>"}',
+               "--reasoning-budget", "64")
     expected = EngineArgs(model="/models/m.gguf", dtype="bfloat16", max_model_len=1000, max_num_seqs=7,
                           max_num_batched_tokens=333, block_size=32, kv_cache_memory_bytes=64 * 2**20, seed=42,
                           enable_prefix_caching=False, scheduling_policy="priority", long_prefill_token_threshold=128,
@@ -84,7 +86,8 @@ def test_engine_args_from_cli_maps_every_flag():
                           tensor_parallel_size=2, data_parallel_size=3, distributed_executor_backend="ray",
                           speculative_config='{"method": "ngram", "num_speculative_tokens": 2}', runner="pooling",
                           convert="embed", enable_lora=True, max_loras=3, max_lora_rank=64, max_cpu_loras=5,
-                          kv_offload_dir="/tmp/kv", kv_offload_size=2.5)
+                          kv_offload_dir="/tmp/kv", kv_offload_size=2.5, reasoning_parser="generic",
+                          reasoning_config='{"reasoning_end_str": "</r>"}', reasoning_budget=64)
     got = engine_args_from_cli(ns)
     assert got == expected
     # Every EngineArgs field differs from its default here, so each one really came from a flag.

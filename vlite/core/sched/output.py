@@ -58,6 +58,9 @@ class SchedulerOutput:
     prompt_done_req_ids: set[str] = field(default_factory=set)
     # Speculative decoding: req_id -> the draft tokens scheduled after its next token (verified this step).
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Thinking budgets: req_id -> the token its last logits row must yield (the next token of its reasoning
+    # block's end tag; the row after its drafts, which stop short of it). See utils.forced_tokens.
+    forced_token_ids: dict[str, int] = field(default_factory=dict)
     # Leading KV blocks that every running request shares (cascade attention computes their attention
     # once for the batch); see KVCacheManager.get_num_common_prefix_blocks.
     num_common_prefix_blocks: int = 0

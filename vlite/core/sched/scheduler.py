@@ -19,7 +19,7 @@ from vlite.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelR
 from vlite.core.sched.remote_kv import RemoteKVScheduling
 from vlite.core.sched.request_queue import RequestQueue, SchedulingPolicy, create_request_queue
 from vlite.core.sched.stats import SchedulerStats, SpecDecodingStats
-from vlite.core.sched.utils import check_stop, usable_drafts
+from vlite.core.sched.utils import check_stop, forced_tokens, usable_drafts
 from vlite.kv_connector.base import KVConnectorBase, KVConnectorStats
 from vlite.request import FinishReason, Request, RequestStatus
 
@@ -52,6 +52,8 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
         self.suspects: deque[str] = deque()
         # Outputs produced outside a step's sampling (requests failed while waiting), sent with the next ones.
         self.pending_outputs: list[EngineCoreOutput] = []
+        # Requests with a thinking budget whose block may still be open: each step's forced tokens (utils).
+        self.budgeted: set[str] = set()
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -59,6 +61,8 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
+        if request.reasoning is not None and request.sampling_params.thinking_token_budget is not None:
+            self.budgeted.add(request.request_id)
         self.waiting.add_request(request)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
@@ -96,6 +100,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
         if self._release_remote_kv(request):  # else freed once its load is done
             self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
+        self.budgeted.discard(request.request_id)
         del self.requests[request.request_id]
 
     def get_num_unfinished_requests(self) -> int:
@@ -183,6 +188,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
             sample_req_ids=sample_req_ids,
             prompt_done_req_ids=prompt_done_req_ids,
             scheduled_spec_decode_tokens=scheduled_spec,
+            forced_token_ids=forced_tokens(self.requests, self.budgeted, sample_req_ids, scheduled_spec),
             num_common_prefix_blocks=(self.kv_cache_manager.get_num_common_prefix_blocks(
                 self.running[0], len(self.running)) if self.running else 0),
         )

@@ -194,6 +194,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             '"reasoning_end_str": "</think>"}\' (needed by --reasoning-parser generic; overrides a '
                             'named parser\'s), and "implicit_start": true where output is reasoning without a '
                             'start tag')
+    group.add_argument("--reasoning-budget", type=int, default=d.reasoning_budget, metavar="N",
+                       help="with --reasoning-parser, the thinking_token_budget of requests that set none: after N "
+                            "thinking tokens the end tag is forced; -1 unlimited, 0 no thinking (default: "
+                            "%(default)s)")
     group.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
                        help="where the model runs; auto: CUDA when torch sees a GPU, else the CPU "
                             "(default: %(default)s)")

@@ -75,6 +75,9 @@ class _SamplingFields(OpenAIBaseModel):
     allowed_token_ids: Optional[list[int]] = None
     bad_words: Optional[list[str]] = Field(default=None, max_length=MAX_STOP_STRINGS)
     truncate_prompt_tokens: Optional[int] = Field(default=None, ge=1, le=2**63 - 1)
+    # With --reasoning-parser: the most thinking tokens before the end tag is forced (vLLM's extra parameter;
+    # None: the server's --reasoning-budget).
+    thinking_token_budget: Optional[Int64] = None
     priority: Int64 = 0
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
@@ -124,6 +127,7 @@ class _SamplingFields(OpenAIBaseModel):
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
+            thinking_token_budget=self.thinking_token_budget,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
             structured_outputs=structured_outputs_of(self)[0],
         )
