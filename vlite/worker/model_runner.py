@@ -29,7 +29,7 @@ from vlite.models.registry import build_model
 from vlite.profiler import section
 from vlite.sample.metadata import with_forced_tokens
 from vlite.sample.rejection_sampler import rejection_sample
-from vlite.sample.sampler import Sampler, gather_logprobs
+from vlite.sample.sampler import Sampler
 from vlite.pooling.config import PoolerConfig
 from vlite.pooling.pooler import Pooler
 from vlite.pooling_params import PoolingParams
@@ -42,6 +42,7 @@ from vlite.worker.input_batch import InputBatch
 from vlite.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 from vlite.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vlite.worker.pooling import pooled_outputs, step_token_type_ids
+from vlite.worker.prompt_logprobs import compute_prompt_logprobs
 
 if TYPE_CHECKING:
     from vlite.config import LoadedEngineConfig, LoRAConfig
@@ -215,7 +216,8 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         with section("forward"):  # the paged_attention calls inside are timed as "attention"
             hidden = self._forward(inputs)
             logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sample_req_ids else None
-            prompt_logprobs = self._compute_prompt_logprobs(hidden, inputs)
+            prompt_logprobs = compute_prompt_logprobs(hidden, inputs, self.input_batch, self.requests,
+                                                      self.model.compute_logits, self.vocab_size, self.device)
             pooled = (pooled_outputs(self.pooler, hidden, inputs, scheduler_output, self.requests)
                       if self.pooler is not None else {})
         self._step = _StepState(inputs.sample_req_ids, inputs.sample_rows, logits, prompt_logprobs, pooled,
@@ -349,34 +351,6 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         table = self.input_batch.block_table[rows, :length // bs]
         # the scheduler counts blocks every running request holds: the same ids at the same places
         return length if bool((table == table[:1]).all()) else 0
-
-    def _compute_prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict:
-        """Logprobs of each prompt token given the tokens before it, for requests that ask.
-
-        The hidden state at position p predicts token p+1; a chunk covering positions
-        [start, start+n) yields entries for prompt tokens start+1 .. min(start+n, num_prompt-1).
-        """
-        batch = self.input_batch
-        out: dict = {}
-        for i, (req_id, row) in enumerate(zip(inputs.req_ids, inputs.rows)):
-            params = batch.sampling_params[row]
-            if params is None or params.prompt_logprobs is None:
-                continue
-            state = self.requests[req_id]
-            start = int(batch.num_computed_tokens[row])
-            n_prompt = int(batch.num_prompt_tokens[row])
-            first = max(start, state.num_prompt_logprobs_done)  # position whose successor is scored
-            end = min(start + int(inputs.num_scheduled[i]), n_prompt - 1)
-            if end <= first:
-                continue
-            q0 = int(inputs.query_start_loc[i])
-            logprobs = torch.log_softmax(self.model.compute_logits(hidden[q0 + first - start:q0 + end - start]), -1)
-            targets = torch.from_numpy(batch.token_ids[row, first + 1:end + 1].copy()).to(self.device)
-            k = params.prompt_logprobs if params.prompt_logprobs >= 0 else self.vocab_size
-            lt = gather_logprobs(logprobs, min(k, self.vocab_size), targets)
-            out[req_id] = (lt.token_ids.tolist(), lt.logprobs.tolist(), lt.ranks.tolist())
-            state.num_prompt_logprobs_done = end
-        return out
 
     # ---- sample_tokens -------------------------------------------------------------------
 
