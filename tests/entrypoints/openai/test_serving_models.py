@@ -71,7 +71,7 @@ def test_lora_modules_need_enable_lora(capsys, monkeypatch):
     assert main(["serve", "m", "--lora-modules", "a=/p"]) == 2
     assert "--lora-modules needs --enable-lora" in capsys.readouterr().err and not calls
     assert main(["serve", "m", "--enable-lora", "--lora-modules", "a=/p"]) == 0
-    assert calls[0][-1] == [LoRAModulePath("a", "/p")]
+    assert [LoRAModulePath("a", "/p")] in calls[0]  # run_server's lora_modules argument
 
 
 def _stats(max_lora: int, running: dict[str, int], waiting: dict[str, int]) -> SchedulerStats:
