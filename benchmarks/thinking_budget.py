@@ -9,7 +9,7 @@ generate the same number of tokens. Runs alternate; the best of each is reported
 
     .venv/bin/python benchmarks/thinking_budget.py [ROUNDS] [NUM_BUDGETED] [MODEL]
 
-(Only smoke-run so far, on the tests' tiny thinking model on 2 busy cores: no measurement yet.)
+Figures: docs/benchmarks.md (default model, 2026-12-06: one budgeted request 0.998, all 32 0.972).
 """
 
 from __future__ import annotations
