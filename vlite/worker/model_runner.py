@@ -216,8 +216,8 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         with section("forward"):  # the paged_attention calls inside are timed as "attention"
             hidden = self._forward(inputs)
             logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sample_req_ids else None
-            prompt_logprobs = compute_prompt_logprobs(hidden, inputs, self.input_batch, self.requests,
-                                                      self.model.compute_logits, self.vocab_size, self.device)
+            prompt_logprobs = compute_prompt_logprobs(hidden, inputs, self.input_batch, self.requests, self.model,
+                                                      self.vocab_size, self.device)
             pooled = (pooled_outputs(self.pooler, hidden, inputs, scheduler_output, self.requests)
                       if self.pooler is not None else {})
         self._step = _StepState(inputs.sample_req_ids, inputs.sample_rows, logits, prompt_logprobs, pooled,

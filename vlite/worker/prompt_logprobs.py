@@ -3,7 +3,7 @@ it, from the hidden states of the step's prompt chunks. Apart from the runner, w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,13 +15,13 @@ if TYPE_CHECKING:
 
 
 def compute_prompt_logprobs(hidden: torch.Tensor, inputs: StepInputs, batch: InputBatch, requests: dict[str, Any],
-                            compute_logits: Callable[[torch.Tensor], torch.Tensor], vocab_size: int,
-                            device: torch.device) -> dict:
+                            model: torch.nn.Module, vocab_size: int, device: torch.device) -> dict:
     """{req_id: (token ids, logprobs, ranks)} for the requests of the step that ask.
 
     The hidden state at position p predicts token p+1; a chunk covering positions
     [start, start+n) yields entries for prompt tokens start+1 .. min(start+n, num_prompt-1).
-    Each request's CachedRequestState.num_prompt_logprobs_done records how far it got.
+    Each request's CachedRequestState.num_prompt_logprobs_done records how far it got. `model.compute_logits`
+    is looked up only for such a request (pooling models have none).
     """
     out: dict = {}
     for i, (req_id, row) in enumerate(zip(inputs.req_ids, inputs.rows)):
@@ -36,7 +36,7 @@ def compute_prompt_logprobs(hidden: torch.Tensor, inputs: StepInputs, batch: Inp
         if end <= first:
             continue
         q0 = int(inputs.query_start_loc[i])
-        logprobs = torch.log_softmax(compute_logits(hidden[q0 + first - start:q0 + end - start]), -1)
+        logprobs = torch.log_softmax(model.compute_logits(hidden[q0 + first - start:q0 + end - start]), -1)
         targets = torch.from_numpy(batch.token_ids[row, first + 1:end + 1].copy()).to(device)
         k = params.prompt_logprobs if params.prompt_logprobs >= 0 else vocab_size
         lt = gather_logprobs(logprobs, min(k, vocab_size), targets)
