@@ -100,23 +100,35 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
       }
     }
     const __m512 sv = _mm512_set1_ps(scale);
-    constexpr int SB = 8;  // query vectors per pass: 8 independent vdpbf16ps chains hide its latency
-    for (int64_t kg = 0; kg < len16 / 16; ++kg) {  // scores: 16 keys a register
-      const uint32_t* kb = kt.data() + kg * (D / 2) * 16;
+    // scores: 16 keys a register; 8 query vectors x 2 key groups per pass (16 independent vdpbf16ps chains,
+    // each broadcast query pair used twice)
+    constexpr int SB = 8;
+    const int64_t groups16 = len16 / 16;
+    for (int64_t kg = 0; kg < groups16; kg += 2) {
+      const bool two = kg + 1 < groups16;
+      const uint32_t* kb0 = kt.data() + kg * (D / 2) * 16;
+      const uint32_t* kb1 = two ? kb0 + (D / 2) * 16 : kb0;
       for (int64_t r = 0; r < R; r += SB) {
         const int64_t vb = std::min<int64_t>(SB, R - r);
         const uint32_t* qp[SB];
         for (int64_t b = 0; b < SB; ++b) qp[b] = reinterpret_cast<const uint32_t*>(qrow(r + std::min(b, vb - 1)));
-        __m512 a[SB];
+        __m512 a[SB], e[SB];
 #pragma GCC unroll 8
-        for (int b = 0; b < SB; ++b) a[b] = _mm512_setzero_ps();
+        for (int b = 0; b < SB; ++b) a[b] = e[b] = _mm512_setzero_ps();
         for (int64_t dp = 0; dp < D / 2; ++dp) {
-          const __m512bh kv = (__m512bh)_mm512_loadu_si512(kb + dp * 16);
+          const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kb0 + dp * 16);
+          const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kb1 + dp * 16);
 #pragma GCC unroll 8
-          for (int b = 0; b < SB; ++b)
-            a[b] = _mm512_dpbf16_ps(a[b], (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[b][dp])), kv);
+          for (int b = 0; b < SB; ++b) {
+            const __m512bh qb = (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[b][dp]));
+            a[b] = _mm512_dpbf16_ps(a[b], qb, k0);
+            e[b] = _mm512_dpbf16_ps(e[b], qb, k1);
+          }
         }
-        for (int64_t b = 0; b < vb; ++b) _mm512_storeu_ps(s.data() + (r + b) * ls + kg * 16, _mm512_mul_ps(a[b], sv));
+        for (int64_t b = 0; b < vb; ++b) {
+          _mm512_storeu_ps(s.data() + (r + b) * ls + kg * 16, _mm512_mul_ps(a[b], sv));
+          if (two) _mm512_storeu_ps(s.data() + (r + b) * ls + kg * 16 + 16, _mm512_mul_ps(e[b], sv));
+        }
       }
     }
     const int64_t pst = (len + 31) / 32 * 16;  // a row's pairs, in whole 32-key registers
