@@ -66,6 +66,35 @@ inline const T* key_row(const T* cache, const int64_t* blocks, int64_t BS, int64
   return cache + (blocks[j / BS] * BS + j % BS) * D;
 }
 
+#if defined(VLITE_AVX512)
+// r[k] (row k of a 16 x 16 matrix of 32-bit values) -> r[c] = column c: 32-bit then 64-bit unpacks within
+// 128-bit lanes (r[4i + m], lane L: column 4L + m of rows 4i..4i+3), then a 4 x 4 transpose of those lanes.
+static inline void transpose16x16(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  __m512i u[16];
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i s0 = _mm512_shuffle_i32x4(u[m], u[4 + m], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i s1 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i s2 = _mm512_shuffle_i32x4(u[m], u[4 + m], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i s3 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], _MM_SHUFFLE(3, 2, 3, 2));
+    r[m] = _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(2, 0, 2, 0));
+    r[4 + m] = _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(3, 1, 3, 1));
+    r[8 + m] = _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + m] = _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+#endif
+
 template <int NV, typename T>
 void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, int64_t BS, int64_t j0, int64_t len,
                  int64_t r0, int64_t R, int64_t h, int64_t c, float scale, const PrefixOut& po) {
@@ -79,11 +108,19 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
   if constexpr (kPairDot<T>) {
     // keys: [16-key group][D/2 pairs of dims][16 keys] as bf16 pairs; values: [key pair][D] as bf16 pairs
     thread_local std::vector<uint32_t> kt, vp, pb;
-    kt.assign(len16 / 16 * (D / 2) * 16, 0u);
-    for (int64_t j = 0; j < len; ++j) {
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(key_row(kh, blocks, BS, D, j0 + j));
-      uint32_t* dst = kt.data() + (j / 16) * (D / 2) * 16 + j % 16;
-      for (int64_t dp = 0; dp < D / 2; ++dp) dst[dp * 16] = src[dp];
+    kt.resize(len16 / 16 * (D / 2) * 16);
+    for (int64_t kg = 0; kg < len16 / 16; ++kg) {  // 16 key rows -> D/2 registers of 16 keys' dim pairs
+      const uint32_t* src[16];
+      for (int64_t k = 0; k < 16; ++k) {
+        const int64_t j = kg * 16 + k;
+        src[k] = j < len ? reinterpret_cast<const uint32_t*>(key_row(kh, blocks, BS, D, j0 + j)) : nullptr;
+      }
+      for (int64_t cb = 0; cb < D / 32; ++cb) {
+        __m512i r[16];
+        for (int k = 0; k < 16; ++k) r[k] = src[k] != nullptr ? _mm512_loadu_si512(src[k] + cb * 16) : _mm512_setzero_si512();
+        transpose16x16(r);
+        for (int c = 0; c < 16; ++c) _mm512_storeu_si512(kt.data() + (kg * (D / 2) + cb * 16 + c) * 16, r[c]);
+      }
     }
     // values: a key pair's rows interleaved (vpunpck{l,h}wd), so lane i of register 2c (2c + 1) holds
     // d = 32c + 8 (i / 4) + i % 4 (+ 4) of both keys; the accumulators are put back in order at the end
