@@ -27,19 +27,13 @@
 
 #include "vec.h"
 
+// Included by bindings.cpp after decode_attention.cpp, whose helpers this file uses (decode_attention_fast,
+// softmax_numerators, kBf16Dot).
 namespace vlite {
 
 namespace {
 constexpr int64_t kChunk = 256;    // prefix keys per unit (K and V of a chunk stay in L2)
 constexpr int64_t kVectors = 96;   // query vectors per unit (rows x query heads of one kv head)
-
-#if defined(VLITE_AVX512) && defined(__AVX512BF16__)
-template <typename T>
-constexpr bool kPairDot = std::is_same_v<T, c10::BFloat16>;
-#else
-template <typename T>
-constexpr bool kPairDot = false;
-#endif
 
 // Register blocking of the float32 path (a Vec16: one zmm, two ymm): scores for kScoreVecs query vectors
 // per pass over 16 keys (independent FMA chains), P.V over slices of kSliceVecs Vec16 of a value row for
@@ -105,7 +99,7 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
   s.resize(R * ls);
   auto qrow = [&](int64_t r) { return q + ((r0 + r) / G * H + h * G + (r0 + r) % G) * D; };
 #if defined(VLITE_AVX512) && defined(__AVX512BF16__)
-  if constexpr (kPairDot<T>) {
+  if constexpr (kBf16Dot<T>) {
     // keys: [16-key group][D/2 pairs of dims][16 keys] as bf16 pairs; values: [key pair][D] as bf16 pairs
     thread_local std::vector<uint32_t> kt, vp, pb;
     kt.resize(len16 / 16 * (D / 2) * 16);
@@ -117,7 +111,8 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
       }
       for (int64_t cb = 0; cb < D / 32; ++cb) {
         __m512i r[16];
-        for (int k = 0; k < 16; ++k) r[k] = src[k] != nullptr ? _mm512_loadu_si512(src[k] + cb * 16) : _mm512_setzero_si512();
+        for (int k = 0; k < 16; ++k)
+          r[k] = src[k] != nullptr ? _mm512_loadu_si512(src[k] + cb * 16) : _mm512_setzero_si512();
         transpose16x16(r);
         for (int c = 0; c < 16; ++c) _mm512_storeu_si512(kt.data() + (kg * (D / 2) + cb * 16 + c) * 16, r[c]);
       }
