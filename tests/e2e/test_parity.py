@@ -9,8 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import GGUF_NAME
 from tests.e2e.conftest import MAX_NEW
-from tests.e2e.reference import ATOL, compare_greedy
+from tests.e2e.prompts import corpus_ids
+from tests.e2e.reference import ATOL, cached_references, compare_greedy, hf_greedy
 from vlite import LLM, SamplingParams
 from vlite.layers.quantization import QuantizedLinear
 
@@ -121,3 +123,42 @@ def test_fused_decode_layer_equals_layer_by_layer(prompts, isa, monkeypatch):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
             assert {t: v.logprob for t, v in la.items()} == {t: v.logprob for t, v in lb.items()}
+
+
+@pytest.fixture(scope="module")
+def long_prompt(hf_tokenizer):
+    return corpus_ids(hf_tokenizer)[3000:4700]  # 1,700 tokens
+
+
+@pytest.fixture(scope="module")
+def long_reference(request, model_dir, long_prompt):
+    return cached_references(lambda: [hf_greedy(request.getfixturevalue("hf_model"), long_prompt, 16)],
+                             model_dir / GGUF_NAME, [long_prompt], 16)[0]
+
+
+@pytest.mark.parametrize("step_tokens", [2048, 600])
+def test_long_prompt_matches_transformers(long_prompt, long_reference, step_tokens, monkeypatch):
+    """Positions past PREFILL_DECODE_ROWS_BELOW run on the blocked prefill kernel: the prompt whole, and in
+    600-token chunks (a chunk across the boundary, one after cached keys)."""
+    from vlite.attention.backends import torch_sdpa
+
+    llm = LLM(dtype="float32", max_num_batched_tokens=step_tokens, max_model_len=2048)
+    calls = []
+
+    class Counting:  # the kernels module, counting the blocked prefill's rows
+        def __init__(self, ops):
+            self.ops = ops
+
+        def __getattr__(self, name):
+            return getattr(self.ops, name)
+
+        def prefill_attention(self, query, *args):
+            calls.append(query.shape[0])
+            return self.ops.prefill_attention(query, *args)
+
+    monkeypatch.setattr(torch_sdpa, "_decode_kernel", Counting(torch_sdpa._decode_kernel))
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5)
+    out = llm.generate([{"prompt_token_ids": long_prompt}], params, use_tqdm=False)[0].outputs[0]
+    assert sum(calls) == 30 * (len(long_prompt) - torch_sdpa.PREFILL_DECODE_ROWS_BELOW)  # 30 layers
+    report = compare_greedy(out.token_ids, out.logprobs, long_reference, ATOL)
+    assert report["matched"] == 16, report

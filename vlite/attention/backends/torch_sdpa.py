@@ -6,8 +6,9 @@ each request's K/V back through its block table. Requests are split in two group
   decodes  (query_len == 1):  one batched call, q [Nd, H, 1, D] x K/V gathered [Nd, H_kv, Ld, D]
   prefills (query_len  > 1):  one SDPA call per request, q [1, H, Q_i, D] x its K/V [1, H_kv, L_i, D]
 
-(with the C++ kernel, decode rows also include speculative verify chunks and a prompt's tokens below
-PREFILL_DECODE_ROWS_BELOW, one row per token; prefills are then what is left of a chunk past it),
+(with the C++ kernels, decode rows also include speculative verify chunks and a prompt's tokens below
+PREFILL_DECODE_ROWS_BELOW, one row per token; prefills are then what is left of a chunk past it, and
+run on the blocked prefill kernel, csrc/cpu/prefill_attention.cpp, rather than SDPA where it applies),
 so a step mixing a long prompt chunk with many decodes does not pad every decode to the chunk,
 and prompt chunks of different lengths are not padded to the longest (at 13 prompts of 64-256
 tokens, padding more than doubled the prefill attention work). A chunk that starts its sequence
@@ -55,9 +56,12 @@ _decode_kernel = None
 # SDPA's bits depend on the chunk boundaries (its GEMM tiles treat a chunk's last rows apart); with
 # bf16 activations quantized to int8 those last-bit differences change greedy outputs (6 of 12 chat
 # prompts prefilled in 64-token chunks vs in one), so a batch's composition, the step budget or
-# speculative drafts taking part of it changed what a request generated. Past this position SDPA's
-# speed on long prompts wins (per layer, 2 cores: the kernel costs as much as SDPA up to ~512
-# prompt tokens on AVX2, 2.6x at 512 and 3.7x at 1024 with AMX).
+# speculative drafts taking part of it changed what a request generated. Past this position the
+# blocked prefill kernel (csrc/cpu/prefill_attention.cpp) takes a chunk's rows: each 256-key chunk laid
+# out once for a group of rows, ~550 GFLOP/s in bf16 on 2 Zen 4 cores against SDPA's ~130 (per layer,
+# a 2,024-token prompt of SmolLM2-135M: 34 -> 11 ms). Its rows are chunk-invariant as well (except in a
+# one-row chunk, which is a decode row), but not the same bits as a decode row at their position, so the
+# rows below stay on the decode kernel. SDPA remains for soft-capped and windowed layers.
 PREFILL_DECODE_ROWS_BELOW = 1024
 
 
@@ -352,10 +356,17 @@ def _attend_decodes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
 def _attend_prefills(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                      chunks: list[_PrefillChunk], scale: float, out: torch.Tensor,
-                     softcap: Optional[float] = None) -> None:
+                     softcap: Optional[float] = None, window: int = 0) -> None:
     """Each prompt chunk against its own keys (no padding), written into `out` at its token rows."""
     num_kv_heads, head_dim = key_cache.shape[0], key_cache.shape[-1]
+    blocked = (_decode_kernel is not None and not window and softcap is None and head_dim in (64, 128, 256)
+               and cpu_decode_attention.can_run(query))
     for c in chunks:
+        if blocked:  # window 0: the chunk's blocks start at the sequence's first
+            rows = slice(c.start, c.start + c.query_len)
+            out[rows] = _decode_kernel.prefill_attention(query[rows].contiguous(), key_cache, value_cache, c.block_ids,
+                                                         c.num_keys - c.query_len, scale)
+            continue
         k = key_cache.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :c.num_keys]
         v = value_cache.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :c.num_keys]
         rows = slice(c.start, c.start + c.query_len)
@@ -411,5 +422,5 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         if m.decode is not None:
             out[m.decode.token_idx] = _attend_decodes(query, kv_cache[0], kv_cache[1], m.decode, scale, False,
                                                       window, softcap)
-        _attend_prefills(query, kv_cache[0], kv_cache[1], m.prefills, scale, out, softcap)
+        _attend_prefills(query, kv_cache[0], kv_cache[1], m.prefills, scale, out, softcap, window)
         return out

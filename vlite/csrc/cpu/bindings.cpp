@@ -8,6 +8,7 @@
 #include "ops.h"
 #include "decode_attention.cpp"
 #include "cascade_attention.cpp"
+#include "prefill_attention.cpp"
 #include "layer_ops.cpp"
 #include "lora.cpp"  // before decode_layer.cpp, which applies its LoRALinear
 #include "decode_layer.cpp"
@@ -28,6 +29,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &vlite::paged_decode_attention, pybind11::arg("query"), pybind11::arg("key_cache"),
         pybind11::arg("value_cache"), pybind11::arg("block_table"), pybind11::arg("seq_lens"), pybind11::arg("scale"),
         pybind11::arg("window") = 0, pybind11::arg("num_prefix_blocks") = 0);
+  m.def("prefill_attention", &vlite::prefill_attention, pybind11::arg("query"), pybind11::arg("key_cache"),
+        pybind11::arg("value_cache"), pybind11::arg("block_ids"), pybind11::arg("context_len"), pybind11::arg("scale"),
+        "causal attention of one request's prompt chunk [Q, H, D] at positions context_len.. over its blocks");
   m.def("tile_gguf", &vlite::tile_gguf, pybind11::arg("raw"), pybind11::arg("code"), pybind11::arg("k"),
         pybind11::arg("qt"), pybind11::arg("scales"), pybind11::call_guard<pybind11::gil_scoped_release>(),
         "GGUF Q4_0/Q4_K/Q5_K/Q6_K rows -> the kernels' tiles (without the GIL: the tokenizer loads meanwhile)");

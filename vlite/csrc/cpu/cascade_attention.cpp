@@ -46,18 +46,30 @@ constexpr int kScoreVecs = 4, kSliceVecs = 2, kPvVecs = 3;
 constexpr int kScoreVecs = 4, kSliceVecs = 4, kPvVecs = 1;
 #endif
 
-// One unit's outputs for its query vectors: where vector r (row n = r / G, head g = r % G of kv head h)
-// of chunk c writes its m, l and acc.
-struct PrefixOut {
+// A unit's outputs: query vector r of the unit (its r-th of R) writes its max m[r], sum l[r] and
+// unnormalized output acc[r * D].
+struct UnitOut {
   float *m, *l, *acc;
-  int64_t N, H, G, D;
-  int64_t at(int64_t c, int64_t h, int64_t r) const { return (c * N + r / G) * H + h * G + r % G; }
 };
 
 // The chunk's key rows [j0, j0 + len) of one kv head's cache through the prefix's block ids.
 template <typename T>
 inline const T* key_row(const T* cache, const int64_t* blocks, int64_t BS, int64_t D, int64_t j) {
   return cache + (blocks[j / BS] * BS + j % BS) * D;
+}
+
+// One vector's chunk of scores (16-padded to len16) -> softmax numerators over its first `visible` keys,
+// zeros after them; its max and sum (-inf and 0 where it sees none of the chunk).
+static inline void chunk_softmax(float* sr, int64_t len, int64_t visible, float* m, float* l) {
+  const int64_t len16 = (len + 15) / 16 * 16, vis = std::min(visible, len);
+  if (vis <= 0) {
+    std::fill(sr, sr + len16, 0.f);
+    *m = -INFINITY;
+    *l = 0.f;
+    return;
+  }
+  softmax_numerators(sr, vis, m, l);
+  std::fill(sr + (vis + 15) / 16 * 16, sr + len16, 0.f);
 }
 
 #if defined(VLITE_AVX512)
@@ -89,11 +101,14 @@ static inline void transpose16x16(__m512i* r) {
 }
 #endif
 
+// Query vectors [r0, r0 + R) of kv head h (vector r: row r / G, query head h * G + r % G of q [rows, H, D])
+// against the keys [j0, j0 + len) of kh / vh through `blocks`: a softmax over the chunk and P.V. Causal
+// (`vis0` < len): vector r sees the chunk's first vis0 + r / G keys (none if that is <= 0: m = -inf, l = 0).
 template <int NV, typename T>
-void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, int64_t BS, int64_t j0, int64_t len,
-                 int64_t r0, int64_t R, int64_t h, int64_t c, float scale, const PrefixOut& po) {
+void prefix_unit(const T* q, int64_t H, int64_t G, const T* kh, const T* vh, const int64_t* blocks, int64_t BS,
+                 int64_t j0, int64_t len, int64_t r0, int64_t R, int64_t h, float scale, int64_t vis0,
+                 const UnitOut& uo) {
   constexpr int64_t D = NV * 16;
-  const int64_t G = po.G, H = po.H;
   const int64_t len16 = (len + 15) / 16 * 16, ls = len16;
   thread_local std::vector<float> s, kf, vf, qf;
   s.resize(R * ls);
@@ -167,7 +182,7 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
     pb.resize(R * pst);
     for (int64_t r = 0; r < R; ++r) {
       float* sr = s.data() + r * ls;
-      softmax_numerators(sr, len, po.m + po.at(c, h, r0 + r), po.l + po.at(c, h, r0 + r));
+      chunk_softmax(sr, len, vis0 + (r0 + r) / G, uo.m + r, uo.l + r);
       for (int64_t jb = 0; jb < len16; jb += 32) {  // probabilities as bf16 pairs (zeros past len)
         const __m512 hi = jb + 16 < len16 ? _mm512_loadu_ps(sr + jb + 16) : _mm512_setzero_ps();
         _mm512_storeu_si512(pb.data() + r * pst + jb / 2,
@@ -193,7 +208,7 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
       const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
       const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
       for (int64_t b = 0; b < vb; ++b) {
-        float* dst = po.acc + po.at(c, h, r0 + r + b) * D;
+        float* dst = uo.acc + (r + b) * D;
         for (int cc = 0; cc < NV; cc += 2) {
           _mm512_storeu_ps(dst + cc * 16, _mm512_permutex2var_ps(a[b][cc], first, a[b][cc + 1]));
           _mm512_storeu_ps(dst + cc * 16 + 16, _mm512_permutex2var_ps(a[b][cc], second, a[b][cc + 1]));
@@ -236,8 +251,7 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
       for (int64_t b = 0; b < vb; ++b) a[b].store(s.data() + (r + b) * ls + kg * 16);
     }
   }
-  for (int64_t r = 0; r < R; ++r)
-    softmax_numerators(s.data() + r * ls, len, po.m + po.at(c, h, r0 + r), po.l + po.at(c, h, r0 + r));
+  for (int64_t r = 0; r < R; ++r) chunk_softmax(s.data() + r * ls, len, vis0 + (r0 + r) / G, uo.m + r, uo.l + r);
   constexpr int VB = kPvVecs, SL = std::min(kSliceVecs, NV);
   for (int64_t r = 0; r < R; r += VB) {
     const int64_t vb = std::min<int64_t>(VB, R - r);
@@ -261,7 +275,7 @@ void prefix_unit(const T* q, const T* kh, const T* vh, const int64_t* blocks, in
         }
       }
       for (int64_t b = 0; b < vb; ++b)
-        for (int cc = 0; cc < SL; ++cc) a[b][cc].store(po.acc + po.at(c, h, r0 + r + b) * D + (c0 + cc) * 16);
+        for (int cc = 0; cc < SL; ++cc) a[b][cc].store(uo.acc + (r + b) * D + (c0 + cc) * 16);
     }
   }
 }
@@ -283,26 +297,28 @@ void cascade_impl(const T* q, const T* kc, const T* vc, const int64_t* bt, const
   float* pacc = pl + chunks * N * H;
   decode_attention_fast<NV, T, float>(q, kc, vc, bt, sl, o_s, N, H, HKV, NB, BS, MB, scale, 0, Lp, lse_s);
   // the prefix: units of (kv head, chunk, group of query vectors)
-  const PrefixOut po{pm, pl, pacc, N, H, G, D};
+  // chunk c's outputs for vector r of kv head h at (c * HKV + h) * N * G + r
   const int64_t vectors = N * G, groups = (vectors + kVectors - 1) / kVectors;
   at::parallel_for(0, HKV * chunks * groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const int64_t h = u / (chunks * groups), c = u / groups % chunks, vg = u % groups;
       const int64_t j0 = c * kChunk, r0 = vg * vectors / groups, r1 = (vg + 1) * vectors / groups;
-      prefix_unit<NV, T>(q, kc + h * NB * BS * D, vc + h * NB * BS * D, bt, BS, j0, std::min(kChunk, Lp - j0), r0,
-                         r1 - r0, h, c, scale, po);
+      const int64_t at = (c * HKV + h) * vectors + r0, len = std::min(kChunk, Lp - j0);
+      prefix_unit<NV, T>(q, H, G, kc + h * NB * BS * D, vc + h * NB * BS * D, bt, BS, j0, len, r0, r1 - r0, h, scale,
+                         len, UnitOut{pm + at, pl + at, pacc + at * D});
     }
   });
   at::parallel_for(0, N * H, 16, [&](int64_t begin, int64_t end) {  // merge: per query head
     for (int64_t i = begin; i < end; ++i) {
+      const int64_t vec = i / H * G + i % G, h = i % H / G;  // query head i: row i / H, head i % H
       float mx = lse_s[i];
-      for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, pm[c * N * H + i]);
+      for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, pm[(c * HKV + h) * N * G + vec]);
       const float ws = std::exp(lse_s[i] - mx);  // 0 where the row has no keys of its own (lse -inf)
       float total = ws;
       Vec16 o[NV];
       for (int cc = 0; cc < NV; ++cc) o[cc] = Vec16::set1(ws) * Vec16::load(o_s + i * D + cc * 16);
       for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t t = c * N * H + i;
+        const int64_t t = (c * HKV + h) * N * G + vec;
         const float w = std::exp(pm[t] - mx);
         total += w * pl[t];
         const Vec16 wv = Vec16::set1(w);
