@@ -102,20 +102,6 @@ def own_buffer(numel: int, dtype: torch.dtype) -> torch.Tensor:
     return _huge_mapping(nbytes)[:nbytes].view(dtype)
 
 
-def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed CPU tensor in huge-page memory of its own (a fresh anonymous mapping reads as zeros, and its
-    pages are backed only as they are written): the KV cache. Attention reads its blocks scattered, a 2 KiB
-    block per page with 4 KiB pages: 32 decode rows of 88 keys each 147 -> 100 us a layer from memory
-    (docs/perf-log.md). torch.zeros where there are no huge pages."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    if nbytes < MIN_BYTES or not enabled():
-        return torch.zeros(shape, dtype=dtype)
-    return _huge_mapping(nbytes)[:nbytes].view(dtype).view(shape)
-
-
 # Read-only memory maps of model files (the GGUF a loader reads): ranges whose pages may be given back
 # once their tensors are tiled (release_file_pages). Only these: MADV_DONTNEED on anonymous memory
 # would zero it. An entry goes when its mapping does.

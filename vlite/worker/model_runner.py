@@ -23,7 +23,6 @@ from vlite.attention.selector import get_attn_backend
 from vlite.config import SpeculativeConfig
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from vlite.distributed.parallel_state import get_tp_group
-from vlite.layers import weight_arena
 from vlite.layers.quantization import QuantizationPlan
 from vlite.model_loader import ModelArchConfig
 from vlite.models.registry import build_model
@@ -156,10 +155,8 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         # Encoders attend within each whole sequence of a step and keep no KV cache.
         self.is_encoder = not arch.is_causal
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
-        self.kv_caches = [] if self.is_encoder else [
-            weight_arena.zeros(shape, dtype) if self.device.type == "cpu" else torch.zeros(shape, dtype=dtype,
-                                                                                             device=self.device)
-            for _ in range(arch.num_hidden_layers)]
+        self.kv_caches = [] if self.is_encoder else [torch.zeros(shape, dtype=dtype, device=self.device)
+                                                     for _ in range(arch.num_hidden_layers)]
         # pooling models: hidden states -> each finished prompt's output (vlite.pooling)
         self.pooler = (Pooler(pooler_config, getattr(self.model, "classify", None))
                        if pooler_config is not None else None)
