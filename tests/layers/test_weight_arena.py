@@ -32,16 +32,3 @@ def test_small_tensors_and_disabled_arena_keep_the_tensor(monkeypatch):
     assert not weight_arena.enabled()
     assert weight_arena.place(big) is big
 
-
-@pytest.mark.parametrize("huge", ["1", "0"])
-def test_zeros_is_a_zeroed_writable_tensor_of_the_shape(monkeypatch, huge):
-    """The KV cache's allocation: zeros of the shape and dtype, 2 MiB aligned where huge pages are on."""
-    monkeypatch.setenv(weight_arena.ENV_VAR, huge)
-    for shape, dtype in [((2, 3, 1024, 16, 64), torch.bfloat16), ((2, 2, 5, 1, 16), torch.float32)]:
-        t = weight_arena.zeros(shape, dtype)
-        assert t.shape == shape and t.dtype == dtype and t.is_contiguous()
-        assert not t.any()
-        t[1, -1].fill_(3)
-        assert int((t == 3).sum()) == t[1, -1].numel()
-        if huge == "1" and weight_arena.enabled() and t.numel() * t.element_size() >= weight_arena.MIN_BYTES:
-            assert t.data_ptr() % weight_arena.HUGE_PAGE == 0
