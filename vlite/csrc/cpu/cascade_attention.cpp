@@ -310,7 +310,7 @@ void cascade_impl(const T* q, const T* kc, const T* vc, const int64_t* bt, const
   });
   at::parallel_for(0, N * H, 16, [&](int64_t begin, int64_t end) {  // merge: per query head
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t vec = i / H * G + i % G, h = i % H / G;  // query head i: row i / H, head i % H
+      const int64_t vec = i / H * G + i % H % G, h = i % H / G;  // query head i: row i / H, head i % H
       float mx = lse_s[i];
       for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, pm[(c * HKV + h) * N * G + vec]);
       const float ws = std::exp(lse_s[i] - mx);  // 0 where the row has no keys of its own (lse -inf)
