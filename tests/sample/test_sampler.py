@@ -230,6 +230,34 @@ def test_random_sample_never_picks_zero_probability():
     assert chi_square_pvalue(counts, probs[0].double().numpy()) > ALPHA
 
 
+
+@pytest.mark.parametrize("vocab", [40_000, 50_257, 128_256])  # a block size dividing it, none, 1,002
+def test_two_level_inverse_cdf_is_the_cumulative_sum_lookup(vocab):
+    """Large vocabularies sample in two levels (block sums, then within the block): where every cumulative sum is
+    exact in float32 (dyadic probabilities), the same token as one float64 cumulative sum's lookup for every u,
+    zero-probability tokens and blocks skipped; the first and last tokens and both sides of block edges reachable."""
+    assert sampler_mod.cdf_block(vocab) > 0
+    bs = sampler_mod.cdf_block(vocab)
+    live = [0, 5, bs - 1, bs, 3 * bs + 7, vocab - 2, vocab - 1]
+    probs = torch.zeros(1, vocab)
+    probs[0, live] = torch.tensor([2.0 ** -k for k in range(1, len(live))] + [2.0 ** -(len(live) - 1)])
+    us = torch.linspace(0, 1, 2001)[:-1]
+    got = sampler_mod.inverse_cdf_sample(probs.repeat(len(us), 1), us)
+    cdf = probs[0].double().cumsum(0)
+    want = torch.searchsorted(cdf, us.double() * cdf[-1], right=True)
+    assert torch.equal(got, want)
+    assert set(got.tolist()) == set(live)
+
+
+def test_two_level_inverse_cdf_samples_the_distribution():
+    probs = torch.zeros(50_000)
+    probs[[3, 1023, 1024, 25_000, 49_999]] = torch.tensor([0.1, 0.2, 0.3, 0.15, 0.25])
+    torch.manual_seed(12)
+    ids = random_sample(probs.repeat(20_000, 1), {})
+    counts = np.bincount(ids.numpy(), minlength=50_000)
+    assert counts.sum() == counts[probs.numpy() > 0].sum()
+    assert chi_square_pvalue(counts[probs.numpy() > 0], probs[probs > 0].double().numpy()) > ALPHA
+
 # ---- 2. penalties and logits processors ---------------------------------------------------------
 
 PV = 50  # vocabulary of the penalty tests

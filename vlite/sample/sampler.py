@@ -12,6 +12,7 @@ Order of operations (as in the design):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -195,14 +196,55 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return inverse_cdf_sample(probs, u)
 
 
+# Tokens per block of the two-level cumulative sum: a step's sampled rows cost one summing pass over the
+# vocabulary and two short cumulative sums, not a sequential cumsum over all of it (32 rows of 49,152: torch's
+# cumsum 0.64 ms, ~4-7% of a decode step of 32 requests on 2 cores; two levels 0.12 ms). Small vocabularies keep
+# the one cumsum (the few small ops of two levels cost more there).
+CDF_BLOCK = 1024
+
+
+@functools.lru_cache(maxsize=None)
+def cdf_block(vocab: int) -> int:
+    """The block size for `vocab` tokens: a divisor within 2x of CDF_BLOCK (no padding copy: 128,256 -> 1,002),
+    else CDF_BLOCK; 0 (one level) under 8 blocks."""
+    if vocab < 8 * CDF_BLOCK:
+        return 0
+    for d in range(0, CDF_BLOCK // 2):
+        for b in (CDF_BLOCK + d, CDF_BLOCK - d):
+            if vocab % b == 0:
+                return b
+    return CDF_BLOCK
+
+
 def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The token at each row's uniform `u` [B] in [0, 1) of its cumulative (unnormalized) probabilities.
-    `right=True` skips zero-probability tokens."""
-    cdf = probs.cumsum(dim=-1)
-    total = cdf[:, -1:]
-    # u * total < total, so some token's cumulative sum exceeds it.
+
+    Large vocabularies in two levels: the block where the row's cumulative block sums pass u * total, then
+    the token within it, counted from the sum before the block. `right=True` skips zero-probability tokens
+    (and blocks): the chosen position is where the cumulative sum rises past the target.
+    """
+    rows, vocab = probs.shape
+    bs = cdf_block(vocab)
+    if bs == 0:
+        cdf = probs.cumsum(dim=-1)
+        total = cdf[:, -1:]
+        # u * total < total, so some token's cumulative sum exceeds it.
+        target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=vocab - 1)
+    nb = -(-vocab // bs)
+    if nb * bs != vocab:  # zeros past the vocabulary: never chosen
+        probs = torch.nn.functional.pad(probs, (0, nb * bs - vocab))
+    blocks = probs.view(rows, nb, bs)
+    block_cdf = blocks.sum(dim=-1).cumsum(dim=-1)  # [B, nb]
+    total = block_cdf[:, -1:]
     target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+    block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=nb - 1)  # [B, 1]
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), 0.0)  # <= target
+    within = blocks[torch.arange(rows, device=probs.device), block[:, 0]].cumsum(dim=-1).add_(before)  # [B, bs]
+    # rounding may leave the block's own cumulative sum at or under the target: its last rise then
+    target = torch.minimum(target, torch.nextafter(within[:, -1:], torch.zeros_like(target)))
+    index = torch.searchsorted(within, target, right=True).clamp_(max=bs - 1)
+    return (block * bs + index).squeeze(1)
 
 
 def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
