@@ -234,7 +234,7 @@ def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     nb = -(-vocab // bs)
     if nb * bs != vocab:  # zeros past the vocabulary: never chosen
         probs = torch.nn.functional.pad(probs, (0, nb * bs - vocab))
-    blocks = probs.view(rows, nb, bs)
+    blocks = probs.reshape(rows, nb, bs)
     block_cdf = blocks.sum(dim=-1).cumsum(dim=-1)  # [B, nb]
     total = block_cdf[:, -1:]
     target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
