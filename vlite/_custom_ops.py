@@ -30,9 +30,9 @@ ENV_KERNELS = "VLITE_CPU_KERNELS"
 ENV_ISA = "VLITE_CPU_ISA"
 ISAS = ("avx512", "avx2", "portable")  # best first
 _CSRC = Path(__file__).parent / "csrc" / "cpu"
-_SOURCES = ("bindings.cpp", "quant_linear.cpp", "decode_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "vec.h",
-            "compact_blocks.h", "gguf_tiles.cpp", "memory_bandwidth.cpp", "dense_linear.cpp",
-            "ops.h", "lora.cpp", "cascade_attention.cpp", "prefill_attention.cpp")
+_SOURCES = ("bindings.cpp", "quant_linear.cpp", "attention_chunk.cpp", "decode_attention.cpp", "layer_ops.cpp",
+            "decode_layer.cpp", "vec.h", "compact_blocks.h", "gguf_tiles.cpp", "memory_bandwidth.cpp",
+            "dense_linear.cpp", "ops.h", "lora.cpp", "cascade_attention.cpp", "prefill_attention.cpp")
 _UNITS = ("bindings.cpp", "quant_linear.cpp")  # translation units, compiled in parallel (ninja)
 
 _REQUIRED_FLAGS = {

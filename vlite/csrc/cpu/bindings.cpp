@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "ops.h"
+#include "attention_chunk.cpp"
 #include "decode_attention.cpp"
 #include "cascade_attention.cpp"
 #include "prefill_attention.cpp"

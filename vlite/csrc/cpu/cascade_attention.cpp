@@ -27,8 +27,8 @@
 
 #include "vec.h"
 
-// Included by bindings.cpp after decode_attention.cpp, whose helpers this file uses (decode_attention_fast,
-// softmax_numerators, kBf16Dot).
+// Included by bindings.cpp after decode_attention.cpp (decode_attention_fast) and attention_chunk.cpp
+// (softmax_numerators, kBf16Dot), whose helpers this file uses.
 namespace vlite {
 
 namespace {
