@@ -88,7 +88,8 @@ CASCADE_MAX_QUERY_LEN = 256
 
 
 def supports_cascade(dtype: torch.dtype, head_dim: int, softcap: Optional[float]) -> bool:
-    """Whether the cascade kernel takes a model's attention (head sizes 64, 128, 256; no soft-capping)."""
+    """Whether the cascade kernel, and the blocked prefill kernel over its prefix unit, take a model's attention
+    (the C++ kernels' dtypes; head sizes 64, 128, 256; no soft-capping)."""
     return prefill_decode_rows_below(dtype, head_dim, softcap) > 0 and head_dim in (64, 128, 256)
 
 
@@ -359,8 +360,7 @@ def _attend_prefills(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
                      softcap: Optional[float] = None, window: int = 0) -> None:
     """Each prompt chunk against its own keys (no padding), written into `out` at its token rows."""
     num_kv_heads, head_dim = key_cache.shape[0], key_cache.shape[-1]
-    blocked = (_decode_kernel is not None and not window and softcap is None and head_dim in (64, 128, 256)
-               and cpu_decode_attention.can_run(query))
+    blocked = _decode_kernel is not None and not window and supports_cascade(query.dtype, head_dim, softcap)
     for c in chunks:
         if blocked:  # window 0: the chunk's blocks start at the sequence's first
             rows = slice(c.start, c.start + c.query_len)
