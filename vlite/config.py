@@ -442,6 +442,10 @@ class LoadedEngineConfig:
     # With kv_transfer_config: what the stored KV blocks were computed by (vlite.kv_connector.factory.model_id);
     # blocks of another model, dtype, block size or quantization never match it.
     kv_model_id: Optional[str] = None
+    # Recurrent-state models (linear-attention layers): state slots, one per request that may run plus
+    # `num_cached_state_slots` for the prefix cache's saved states (vlite.core.mamba_manager); 0: none.
+    num_state_slots: int = 0
+    num_cached_state_slots: int = 0
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -89,6 +89,23 @@ class ModelArchConfig:
     # decoder's last token "score" (one linear layer, no bias); num_labels outputs.
     classifier: str = ""
     num_labels: int = 0
+    # Linear-attention hybrids (Qwen3.5, Qwen3-Next): the layers whose token mixer is a Gated DeltaNet
+    # (vlite.layers.gated_deltanet) instead of attention. Such a layer keeps no KV cache but a fixed-size
+    # recurrent state per request: a causal depthwise conv1d's last `linear_conv_kernel_dim - 1` inputs and a
+    # [linear_num_value_heads, linear_key_head_dim, linear_value_head_dim] delta-rule state.
+    linear_layers: tuple[int, ...] = ()
+    linear_conv_kernel_dim: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    # Qwen3-Next's checkpoint fuses q, k, v, z (and b, a) per key-head group: in_proj_qkvz, in_proj_ba.
+    linear_grouped_projections: bool = False
+    # The attention's q_proj also yields a per-head gate: output = attention * sigmoid(gate) (Qwen3.5, Qwen3-Next).
+    attn_output_gate: bool = False
+    # Mixture layers with one always-on shared expert of this width, scaled by sigmoid(x @ shared_expert_gate)
+    # (Qwen3.5-MoE, Qwen3-Next); 0: none.
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -102,6 +119,19 @@ class ModelArchConfig:
         object.__setattr__(self, "layer_windows", tuple(int(w) for w in self.layer_windows))  # JSON gives a list
         object.__setattr__(self, "nope_layers", tuple(int(i) for i in self.nope_layers))
         object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
+        object.__setattr__(self, "linear_layers", tuple(int(i) for i in self.linear_layers))
+        if self.linear_layers:
+            if not all(0 <= i < self.num_hidden_layers for i in self.linear_layers):
+                raise ValueError(f"linear_layers {self.linear_layers} must be layer indices below "
+                                 f"num_hidden_layers ({self.num_hidden_layers})")
+            dims = {k: getattr(self, k) for k in ("linear_conv_kernel_dim", "linear_num_key_heads",
+                                                  "linear_num_value_heads", "linear_key_head_dim",
+                                                  "linear_value_head_dim")}
+            if min(dims.values()) < 1 or self.linear_conv_kernel_dim < 2:
+                raise ValueError(f"linear-attention layers need positive sizes, got {dims} (conv kernel >= 2)")
+            if self.linear_num_value_heads % self.linear_num_key_heads:
+                raise ValueError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                                 f"linear_num_key_heads ({self.linear_num_key_heads})")
         object.__setattr__(self, "expert_names", tuple(self.expert_names))
         if self.moe_layers and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) must be in 1..num_experts "
@@ -144,10 +174,22 @@ class ModelArchConfig:
         return tuple(sorted({self.layer_window(i) for i in range(self.num_hidden_layers)}))
 
     @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that attend over a KV cache (all but the linear-attention ones)."""
+        linear = set(self.linear_layers)
+        return tuple(i for i in range(self.num_hidden_layers) if i not in linear)
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a linear-attention layer's conv1d: its q, k (key heads) and v (value heads) together."""
+        return (2 * self.linear_num_key_heads * self.linear_key_head_dim
+                + self.linear_num_value_heads * self.linear_value_head_dim)
+
+    @property
     def kv_sliding_window(self) -> int | None:
         """Where every layer slides: the largest window, behind which KV blocks are never read again (the
         KV cache manager frees them). None where some layer attends globally and reads every block."""
-        windows = self.attention_windows
+        windows = tuple(sorted({self.layer_window(i) for i in self.attention_layers}))
         return windows[-1] if windows and windows[0] > 0 else None
 
 
@@ -174,15 +216,21 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
         if config.sandwich_norms:
             names |= {p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"}
         attn_projs = ("qkv_proj", "o_proj") if config.fused_checkpoint else ("q_proj", "k_proj", "v_proj", "o_proj")
+        if i in config.linear_layers:  # a Gated DeltaNet instead of attention
+            names |= _linear_attention_names(config, f"{p}linear_attn.")
+            attn_projs = ()
         for proj in attn_projs:
             names.add(f"{p}self_attn.{proj}.weight")
             if config.attention_out_bias if proj == "o_proj" else config.attention_bias:
                 names.add(f"{p}self_attn.{proj}.bias")
-        if config.qk_norm:
+        if config.qk_norm and attn_projs:
             names |= {f"{p}self_attn.q_norm.weight", f"{p}self_attn.k_norm.weight"}
         if i in config.moe_layers:  # the router and every expert's gated MLP instead of one dense MLP
             m = f"{p}{config.moe_prefix}."
             names.add(m + "gate.weight")
+            if config.shared_expert_intermediate_size:
+                names |= {f"{m}shared_expert.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")}
+                names.add(f"{m}shared_expert_gate.weight")
             names |= {f"{m}experts.{e}.{n}.weight" for e in range(config.num_experts) for n in config.expert_names}
             continue
         for proj in ("gate_up_proj", "down_proj") if config.fused_checkpoint else ("gate_proj", "up_proj", "down_proj"):
@@ -190,6 +238,14 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
             if config.mlp_bias:
                 names.add(f"{p}mlp.{proj}.bias")
     return names
+
+
+def _linear_attention_names(config: ModelArchConfig, p: str) -> set[str]:
+    """A Gated DeltaNet layer's tensors (Qwen3.5's names; Qwen3-Next fuses the input projections per group)."""
+    projections = ("in_proj_qkvz", "in_proj_ba") if config.linear_grouped_projections else (
+        "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+    return ({f"{p}{n}.weight" for n in (*projections, "conv1d", "norm", "out_proj")}
+            | {f"{p}A_log", f"{p}dt_bias"})
 
 
 def _encoder_weight_names(config: ModelArchConfig) -> set[str]:

@@ -12,6 +12,11 @@ Freed blocks keep their prefix-cache hash until evicted: their K/V are complete 
 for a later request with the same prefix. A prefix hit leaves the hit blocks it would free at once
 untouched (NULL_BLOCK), as vLLM does. Models mixing sliding and global layers (Gemma 2/3) share one
 block table and keep every block: the global layers read them all.
+
+Linear-attention hybrids (Qwen3.5): a second KV cache group, the layers with a recurrent state, is managed by a
+`MambaManager` beside the blocks (a state slot per running request, and states saved at block boundaries for
+the prefix cache). Every call below covers both groups: a prefix hit is the longest prefix both can serve,
+an admission takes blocks and a slot or neither, a free releases both.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 from vlite.core.block_pool import BlockPool
 from vlite.core.kv_cache_utils import NULL_BLOCK, KVCacheBlock, compute_block_hashes, lora_extra_keys
+from vlite.core.mamba_manager import MambaManager
 from vlite.request import Request
 
 
@@ -36,7 +42,9 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, num_state_slots: int = 0, num_cached_state_slots: int = 0) -> None:
+        """`num_state_slots` > 0: the model has recurrent-state layers; that many slots, the last
+        `num_cached_state_slots` of them the prefix cache's."""
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
         self.block_size = block_size
@@ -47,6 +55,8 @@ class KVCacheManager:
         # How many leading blocks of each request are registered in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+        self.state_manager = (MambaManager(num_state_slots - num_cached_state_slots, num_cached_state_slots,
+                                           block_size, enable_caching) if num_state_slots else None)
 
     @property
     def num_blocks(self) -> int:
@@ -81,6 +91,8 @@ class KVCacheManager:
             if block is None:
                 break
             hit.append(block)
+        if self.state_manager is not None:  # only as far as a saved state reaches
+            del hit[self.state_manager.longest_hit(block_hashes, len(hit)):]
         num_hit_tokens = len(hit) * self.block_size
         num_skipped = min(self._num_skipped_blocks(num_hit_tokens), len(hit))
         return [NULL_BLOCK] * num_skipped + hit[num_skipped:], num_hit_tokens
@@ -135,10 +147,15 @@ class KVCacheManager:
             return []
         # Hit blocks sitting in the free queue stop being free once touched.
         num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and b is not NULL_BLOCK)
-        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_free_hits:
+        state = self.state_manager
+        no_slot = (state is not None and is_admission and state.slot(request.request_id) < 0
+                   and not state.free_slots)
+        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_free_hits or no_slot:
             if not req_blocks:
                 del self.req_to_blocks[request.request_id]
             return None
+        if state is not None and is_admission:
+            state.allocate(request.request_id, self._block_hashes(request), num_computed_tokens)
 
         if is_admission and self.enable_caching and record_stats:
             # Counted once per (re)admission, not per retry of a request that did not fit.
@@ -176,6 +193,8 @@ class KVCacheManager:
         """Release the request's blocks, tail first, so its prefix is evicted last."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_block.pop(request.request_id, None)
+        if self.state_manager is not None:
+            self.state_manager.free(request.request_id)
         self.block_pool.free_blocks(b for b in reversed(blocks) if b is not NULL_BLOCK)
 
     def free_blocks_beyond(self, request: Request, num_tokens: int) -> None:
@@ -205,8 +224,8 @@ class KVCacheManager:
         Sliding window: 0, as vLLM's SlidingWindowManager. Leading blocks become NULL_BLOCK as they
         leave the window, and a shared prefix read by every query ignores each query's window.
         """
-        if self.sliding_window is not None or num_running_requests <= 0:
-            return 0
+        if self.sliding_window is not None or num_running_requests <= 0 or self.state_manager is not None:
+            return 0  # (recurrent-state models: the step's attention layers alone would share it; not done yet)
         num_common = 0
         for block in self.req_to_blocks.get(request.request_id, ()):
             if block is NULL_BLOCK or block.ref_cnt != num_running_requests:
@@ -221,7 +240,38 @@ class KVCacheManager:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
 
     def reset_prefix_cache(self, force: bool = False) -> bool:
-        return self.block_pool.reset_prefix_cache(force)
+        reset = self.block_pool.reset_prefix_cache(force)
+        if reset and self.state_manager is not None:
+            self.state_manager.reset()
+        return reset
+
+    # ---- the recurrent-state group ------------------------------------------------------------------------
+
+    def cap_new_tokens(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
+        """This step's tokens for the request, cut where the recurrent-state group must end a step (a prompt's
+        last block boundary, whose state the prefix cache saves); unchanged for models without one."""
+        if self.state_manager is None:
+            return num_new_tokens
+        return self.state_manager.cap_new_tokens(request.num_prompt_tokens, num_computed_tokens, num_new_tokens)
+
+    def schedule_state_save(self, request: Request) -> tuple[int, int] | None:
+        """After this step's tokens (request.num_computed_tokens already counts them): the (slot, cache slot) copy
+        that saves its state at a block boundary for the prefix cache, or None."""
+        if self.state_manager is None:
+            return None
+        return self.state_manager.schedule_save(request.request_id, self._block_hashes(request),
+                                                request.num_computed_tokens, request.num_prompt_tokens)
+
+    def state_slot(self, request_id: str) -> int:
+        return self.state_manager.slot(request_id) if self.state_manager is not None else -1
+
+    def state_restore_source(self, request_id: str) -> int:
+        return self.state_manager.restore_source(request_id) if self.state_manager is not None else -1
+
+    def new_step(self) -> None:
+        """The previous step ran: the states it saved are now in the prefix cache."""
+        if self.state_manager is not None:
+            self.state_manager.commit()
 
 
 class EncoderOnlyKVCacheManager(KVCacheManager):

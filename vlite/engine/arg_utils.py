@@ -134,6 +134,8 @@ class EngineArgs:
             raise ValueError(f"enable_lora: LoRA adapters apply to text generation only, and {resolved.name} runs "
                              f"as a pooling model (runner='pooling', embeddings and scores); leave --enable-lora off")
         bytes_per_block = kv_cache_bytes_per_block(arch, self.block_size, torch_dtype)
+        state_slots, cached_state_slots, state_bytes = self._state_slots(arch, cache_config, speculative_config,
+                                                                         parallel_config, lora_config, device)
         if not arch.is_causal:  # encoders keep no KV cache: nothing to size
             kv_bytes = bytes_per_block
         elif device == "cuda" and cache_config.kv_cache_memory_bytes is None:
@@ -142,11 +144,16 @@ class EngineArgs:
             kv_bytes = kv_cache_bytes_from_gpu_memory(arch, weights, torch_dtype, device_config.gpu_memory_utilization,
                                                       self.max_num_batched_tokens, self.max_num_seqs)
         else:
-            kv_bytes = cache_config.kv_bytes(bytes_per_block // self.block_size)
+            # recurrent-state models: the state slots come first, out of the same budget where one is given
+            kv_bytes = (cache_config.kv_cache_memory_bytes - state_bytes if cache_config.kv_cache_memory_bytes
+                        else cache_config.kv_bytes(bytes_per_block // self.block_size))
         num_blocks = kv_bytes // bytes_per_block
         if num_blocks < 1:
-            raise ValueError(f"kv_cache_memory_bytes ({kv_bytes}) is smaller than one KV block "
-                             f"({bytes_per_block} bytes at block_size={self.block_size})")
+            states = (f" after {state_slots} recurrent-state slots of {state_bytes // state_slots} bytes"
+                      if state_slots else "")
+            raise ValueError(f"kv_cache_memory_bytes ({cache_config.kv_cache_memory_bytes or kv_bytes}) leaves less "
+                             f"than one KV block ({bytes_per_block} bytes at block_size={self.block_size}){states}; "
+                             f"raise it, or lower max_num_seqs")
         capacity = num_blocks * self.block_size if arch.is_causal else arch.longest_context
         # LongRoPE: the default is the original context; a longer max_model_len selects the long factors
         max_model_len = self.max_model_len or min(arch.longest_context if not arch.is_causal
@@ -182,12 +189,36 @@ class EngineArgs:
                                kv_transfer_config=kv_transfer_config, reasoning_config=reasoning_config),
             resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
             num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids), device=device,
-            pooler_config=pooler_config)
+            pooler_config=pooler_config, num_state_slots=state_slots, num_cached_state_slots=cached_state_slots)
         if kv_transfer_config is not None:
             from vlite.kv_connector.factory import model_id
 
             loaded.kv_model_id = model_id(loaded)
         return loaded
+
+    def _state_slots(self, arch: Any, cache_config: Any, speculative_config: Any, parallel_config: Any,
+                     lora_config: Any, device: str) -> tuple[int, int, int]:
+        """(state slots, of those the prefix cache's, their bytes) of a model with linear-attention layers, which
+        keep a fixed-size recurrent state per request instead of KV blocks; the features that cannot run such
+        layers yet are refused here, before any work."""
+        if not arch.linear_layers:
+            return 0, 0, 0
+        from vlite.core.kv_cache_interface import KVCacheConfig, kv_cache_groups, num_cached_state_slots
+
+        name = f"{arch.architecture} (linear-attention layers)"
+        if speculative_config is not None:
+            raise ValueError(f"speculative_config: {name} cannot take back a recurrent state's rejected draft "
+                             f"tokens; leave speculative decoding off for this model")
+        if parallel_config.tensor_parallel_size > 1:
+            raise ValueError(f"tensor_parallel_size > 1 does not split {name} yet; leave it at 1")
+        if lora_config is not None:
+            raise ValueError(f"enable_lora: {name} take no LoRA adapters yet; leave --enable-lora off")
+        if device != "cpu":
+            raise ValueError(f"{name} run on the CPU only so far; use device='cpu'")
+        cached = num_cached_state_slots(self.max_num_seqs, cache_config.enable_prefix_caching)
+        groups = KVCacheConfig(0, kv_cache_groups(arch, self.block_size, 4))
+        slots = self.max_num_seqs + cached
+        return slots, cached, slots * groups.state_slot_bytes
 
     def _check_reasoning_budget(self) -> None:
         budget = self.reasoning_budget

@@ -71,7 +71,8 @@ class CausalLM(nn.Module):
                                     for i in range(cfg.num_hidden_layers))
         self.norm = rms_norm(weights["model.norm.weight"], cfg, dtype, fast_ops(plan))
         # the rotary tables the attention layers take: float32 rows for their in-place C++ rotation
-        self.fast_rope = self.layers[0].self_attn.ops is not None
+        attention = [layer.self_attn for layer in self.layers if hasattr(layer, "self_attn")]  # not linear-attention
+        self.fast_rope = bool(attention) and all(a.ops is not None for a in attention)
         lm_head = weights.get("lm_head.weight")
         tied = cfg.tie_word_embeddings or lm_head is None
         # XForSequenceClassification: the score head on the last token, no LM head (a pooling model samples none)

@@ -80,3 +80,22 @@ class SparseMoE(nn.Module):
         out = torch.zeros_like(x).index_add_(0, tokens, out_rows)
         return out if residual is None else out + residual
 
+
+
+class SharedExpertMoE(SparseMoE):
+    """SparseMoE plus one always-on shared expert (a gated MLP of `shared_expert_intermediate_size`) whose output is
+    scaled per token by sigmoid(x @ shared_expert_gate) and added to the routed experts' sum (Qwen3.5-MoE,
+    Qwen3-Next, Qwen2-MoE)."""
+
+    def __init__(self, cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
+                 dtype: torch.dtype) -> None:
+        super().__init__(cfg, w, prefix, plan, dtype)
+        self.shared_expert = GatedMLP(cfg, w, f"{prefix}.shared_expert", plan, dtype,
+                                      intermediate_size=cfg.shared_expert_intermediate_size, torch_linears=True)
+        self.shared_expert_gate = param(w[f"{prefix}.shared_expert_gate.weight"].to(dtype))
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
+                precise_rows: Optional[int] = None) -> torch.Tensor:
+        shared = self.shared_expert(x, precise_rows=precise_rows) * torch.sigmoid(F.linear(x, self.shared_expert_gate))
+        out = super().forward(x, precise_rows=precise_rows) + shared
+        return out if residual is None else out + residual

@@ -23,6 +23,10 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
                         ) -> ModelArchConfig:
     """The record of a parsed ``config.json`` (and optionally ``generation_config.json``: more EOS ids)."""
     spec = _hf_spec(config)
+    if isinstance(config.get("text_config"), dict) and spec.hf_renames:  # an image-text checkpoint: its text model
+        config = {**config["text_config"], "architectures": config.get("architectures"),
+                  "tie_word_embeddings": config.get("tie_word_embeddings",
+                                                    config["text_config"].get("tie_word_embeddings", False))}
     if spec.features.get("is_causal") is False:  # BERT-style encoders: a config of their own
         return arch_from_encoder_config(config, spec)
     if config.get("use_bidirectional_attention"):
@@ -63,14 +67,14 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
                 "mlp_bias": bool(config.get("mlp_bias", False)),
                 # Gemma names its activation hidden_activation (older configs carry both keys)
                 "hidden_act": config.get("hidden_activation") or config.get("hidden_act") or "silu",
-                **_hf_moe(config), **spec.features}
+                **_hf_moe(config), **_hf_linear_attention(config), **spec.features}
     if is_decoder_classifier((config.get("architectures") or [""])[0]):  # the last token's states -> num_labels
         features.update(classifier="score", num_labels=num_labels(config))
     return ModelArchConfig(
         architecture=spec.name,
         vocab_size=int(config["vocab_size"]),
         hidden_size=hidden,
-        intermediate_size=int(config["intermediate_size"]),
+        intermediate_size=int(config.get("intermediate_size") or config["moe_intermediate_size"]),
         num_hidden_layers=int(config["num_hidden_layers"]),
         num_attention_heads=n_heads,
         num_key_value_heads=n_kv,
@@ -114,6 +118,24 @@ def _hf_moe(config: dict[str, Any]) -> dict[str, Any]:
             "moe_intermediate_size": int(config.get("moe_intermediate_size") or config["intermediate_size"]),
             "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
             "moe_layers": tuple(i for i in range(n_layers) if i not in dense and (i + 1) % step == 0)}
+
+
+def _hf_linear_attention(config: dict[str, Any]) -> dict[str, Any]:
+    """The Gated DeltaNet fields of a hybrid's config.json ({} for a model without linear-attention layers):
+    `layer_types` ("linear_attention" / "full_attention"), else every `full_attention_interval`-th layer full."""
+    if "linear_num_value_heads" not in config:
+        return {}
+    n_layers = int(config["num_hidden_layers"])
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        interval = int(config.get("full_attention_interval") or 4)
+        layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)]
+    if len(layer_types) != n_layers or set(layer_types) - {"linear_attention", "full_attention"}:
+        raise ValueError(f"layer_types {layer_types} is not one of linear_attention/full_attention per layer")
+    return {"linear_layers": tuple(i for i, t in enumerate(layer_types) if t == "linear_attention"),
+            **{k: int(config[k]) for k in ("linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads",
+                                           "linear_key_head_dim", "linear_value_head_dim")},
+            "shared_expert_intermediate_size": int(config.get("shared_expert_intermediate_size") or 0)}
 
 
 def _float_or_none(value: Any) -> float | None:

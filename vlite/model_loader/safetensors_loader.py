@@ -73,6 +73,12 @@ def _hf_tensors(path: Path, config: ModelArchConfig, dtype: torch.dtype) -> Iter
     rename = None
     if not config.is_causal:  # encoders: `bert.`-prefixed task models, unused buffers and heads
         from vlite.model_loader.encoder_config import checkpoint_name as rename
+    else:
+        from vlite.models.registry import spec_for
+
+        spec = spec_for(config.architecture)
+        if spec.hf_renames or spec.hf_skipped:
+            rename = lambda stored, _config: _text_model_name(stored, spec.hf_renames, spec.hf_skipped)  # noqa: E731
     for file in _safetensors_files(path):
         with safe_open(str(file), framework="pt") as f:
             for stored in f.keys():
@@ -84,3 +90,13 @@ def _hf_tensors(path: Path, config: ModelArchConfig, dtype: torch.dtype) -> Iter
                 if name not in expected:
                     raise ValueError(f"{file}: unexpected tensor {name!r} for a {config.architecture} checkpoint")
                 yield name, f.get_tensor(stored).to(dtype)
+
+
+def _text_model_name(stored: str, renames: tuple[tuple[str, str], ...], skipped: tuple[str, ...]) -> str | None:
+    """A text model's name for a stored tensor (its prefix renamed), or None for a part it does not use."""
+    if stored.startswith(skipped):
+        return None
+    for old, new in renames:
+        if stored.startswith(old):
+            return new + stored[len(old):]
+    return stored

@@ -48,6 +48,11 @@ class ModelSpec:
     gguf_nope_every: int = 0
     # GGUF: the file's general.architecture where llama.cpp names the family differently ("qwen3moe").
     gguf_name: str = ""
+    # Hugging Face checkpoints: stored-name prefixes renamed (a multimodal checkpoint's text model,
+    # "model.language_model." -> "model.") and prefixes of tensors the text model does not use (its vision
+    # tower, multi-token-prediction layers), skipped.
+    hf_renames: tuple[tuple[str, str], ...] = ()
+    hf_skipped: tuple[str, ...] = ()
 
 
 # Gemma 2/3: four norms a layer, and GGUF names them differently from Llama ("ffn_norm" is Gemma's
@@ -56,6 +61,11 @@ _GEMMA_GGUF_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_no
                      "post_ffw_norm": "post_feedforward_layernorm"}
 _GEMMA = {"hidden_act": "gelu_pytorch_tanh", "norm_unit_offset": True, "sandwich_norms": True,
           "scale_embeddings": True}
+
+# Qwen3.5 / Qwen3-Next: Gated DeltaNet layers (three of four) between gated full-attention layers, every
+# RMSNorm but the DeltaNet's gated one scaling by (1 + weight), per-head q/k norms, a quarter of each head rotated.
+_QWEN3_5 = {"qk_norm": True, "norm_unit_offset": True, "attn_output_gate": True, "mlp_bias": False}
+_QWEN3_5_TEXT = dict(hf_renames=(("model.language_model.", "model."),), hf_skipped=("model.visual.", "mtp."))
 
 _ENCODER = {"is_causal": False}
 _ROBERTA = {**_ENCODER, "roberta_positions": True}  # position ids from padding_idx + 1 (encoder_config)
@@ -90,6 +100,17 @@ _SPECS = (
     # Qwen3-MoE's top-k weights (every released Qwen3-MoE config has norm_topk_prob true).
     ModelSpec("qwen3_moe", ("Qwen3MoeForCausalLM",), "vlite.models.qwen3_moe:Qwen3MoeForCausalLM",
               features={"qk_norm": True, "mlp_bias": False}, defaults={"norm_topk_prob": True}, gguf_name="qwen3moe"),
+    # Qwen3.5 (dense, and the MoE with a gated shared expert), the text model of their image-text checkpoints
+    # too; Qwen3-Next fuses the DeltaNet's input projections per key-head group (vlite/models/qwen3_next.py).
+    # Hugging Face folders so far (GGUF qwen35 / qwen35moe / qwen3next files: not yet).
+    ModelSpec("qwen35", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"), "vlite.models.qwen3_5:Qwen3_5ForCausalLM",
+              gguf=False, features=_QWEN3_5, **_QWEN3_5_TEXT),
+    ModelSpec("qwen35moe", ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),
+              "vlite.models.qwen3_5:Qwen3_5ForCausalLM", gguf=False, features={**_QWEN3_5, "norm_topk_prob": True},
+              **_QWEN3_5_TEXT),
+    ModelSpec("qwen3next", ("Qwen3NextForCausalLM",), "vlite.models.qwen3_next:Qwen3NextForCausalLM", gguf=False,
+              features={**_QWEN3_5, "linear_grouped_projections": True}, defaults={"norm_topk_prob": True},
+              hf_skipped=("mtp.",)),
     ModelSpec("olmoe", ("OlmoeForCausalLM",), "vlite.models.olmoe:OlmoeForCausalLM", gguf=False,
               features={"qk_norm": True, "qk_norm_full": True, "mlp_bias": False}),
     ModelSpec("mixtral", ("MixtralForCausalLM",), "vlite.models.mixtral:MixtralForCausalLM", gguf=False,
@@ -116,7 +137,8 @@ _SPECS = (
               defaults={"rope_local_theta": 10000.0, "query_pre_attn_scalar": 256.0}, sliding_global_every=6,
               gguf_layer_names=_GEMMA_GGUF_NAMES, gguf_end_of_turn=("<end_of_turn>",)),
 )
-_ALIASES = {"gemma3_text": "gemma3", "xlm-roberta": "roberta"}  # config.json model_type -> family
+_ALIASES = {"gemma3_text": "gemma3", "xlm-roberta": "roberta", "qwen3_5": "qwen35", "qwen3_5_text": "qwen35",
+            "qwen3_5_moe": "qwen35moe", "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}  # config.json model_type -> family
 
 _BY_NAME = {s.name: s for s in _SPECS}
 _BY_HF = {a: s for s in _SPECS for a in s.hf_architectures}

@@ -40,6 +40,7 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int64)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
+        self.state_slot = np.full(max_num_reqs, -1, dtype=np.int64)  # recurrent-state models: each row's slot
 
         # Sampling parameters as columns, so a step gathers them with one fancy index.
         self.temperature = np.ones(max_num_reqs, dtype=np.float32)

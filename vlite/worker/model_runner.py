@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
+from vlite.attention.backends.gdn_attn import GDNAttentionMetadata
 from vlite.attention.selector import get_attn_backend
 from vlite.config import SpeculativeConfig
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -42,6 +43,7 @@ from vlite.worker.input_batch import InputBatch
 from vlite.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 from vlite.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vlite.worker.pooling import pooled_outputs, step_token_type_ids
+from vlite.worker.state_cache import linear_state, save_states, start_state
 from vlite.worker.prompt_logprobs import compute_prompt_logprobs
 
 if TYPE_CHECKING:
@@ -51,8 +53,9 @@ if TYPE_CHECKING:
 
 
 def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
+    """One KV block over every attention layer (linear-attention layers keep a state instead)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * elem
+    return 2 * len(arch.attention_layers) * block_size * arch.num_key_value_heads * arch.head_dim * elem
 
 
 @dataclass
@@ -118,7 +121,7 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
                      cfg.cache_config.block_size, cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len,
                      loaded.eos_token_ids, loaded.quantization, cfg.speculative_config, device=loaded.device,
                      enforce_eager=cfg.device_config.enforce_eager, pooler_config=loaded.pooler_config,
-                     lora_config=cfg.lora_config)
+                     lora_config=cfg.lora_config, num_state_slots=loaded.num_state_slots)
         runner.init_kv_connector(loaded, runner.tp.rank if runner.tp is not None else 0)
         return runner
 
@@ -127,7 +130,7 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
                  eos_token_ids: tuple[int, ...], quantization: QuantizationPlan = QuantizationPlan(None),
                  speculative_config: Optional[SpeculativeConfig] = None, device: str = "cpu",
                  enforce_eager: bool = False, pooler_config: Optional[PoolerConfig] = None,
-                 lora_config: Optional[LoRAConfig] = None) -> None:
+                 lora_config: Optional[LoRAConfig] = None, num_state_slots: int = 0) -> None:
         self.arch = arch
         # Weights and KV caches live on `device`; per-step arrays are built on the CPU and sent in one copy.
         self.device = torch.device(device)
@@ -151,12 +154,16 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         # backend's kernels take this model's attention; each step then asks its cost model.
         self.cascade_heads = ((arch.num_attention_heads, arch.num_key_value_heads, 0, arch.head_dim)
                               if self.attn_backend.supports_cascade(dtype, arch.head_dim, arch.attn_logit_softcapping)
-                              else None)
+                              and not arch.linear_layers else None)
         # Encoders attend within each whole sequence of a step and keep no KV cache.
         self.is_encoder = not arch.is_causal
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
-        self.kv_caches = [] if self.is_encoder else [torch.zeros(shape, dtype=dtype, device=self.device)
-                                                     for _ in range(arch.num_hidden_layers)]
+        linear = set(arch.linear_layers)
+        # per layer: its paged K/V, or a linear-attention layer's (conv, delta-rule) state slots
+        self.kv_caches = [] if self.is_encoder else [
+            linear_state(arch, num_state_slots, self.device) if i in linear
+            else torch.zeros(shape, dtype=dtype, device=self.device) for i in range(arch.num_hidden_layers)]
+        self.state_caches = [self.kv_caches[i] for i in arch.linear_layers]
         # pooling models: hidden states -> each finished prompt's output (vlite.pooling)
         self.pooler = (Pooler(pooler_config, getattr(self.model, "classify", None))
                        if pooler_config is not None else None)
@@ -185,7 +192,8 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         self._fault_token_id = int(fault) if fault else None
         self.cuda_graphs = None  # all-decode steps replayed from CUDA graphs (vlite.worker.cuda_graphs)
         # Mixture layers read expert counts back to the host (not capturable): they run eagerly.
-        if self.device.type == "cuda" and not enforce_eager and not arch.num_experts and lora_config is None:
+        if (self.device.type == "cuda" and not enforce_eager and not arch.num_experts and lora_config is None
+                and not arch.linear_layers):
             from vlite.worker.cuda_graphs import CUDAGraphRunner
 
             self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, self.attn_backend, block_size,
@@ -215,6 +223,7 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
                 raise RuntimeError(f"injected fault: token id {self._fault_token_id} scheduled")
         with section("forward"):  # the paged_attention calls inside are timed as "attention"
             hidden = self._forward(inputs)
+            save_states(self.state_caches, scheduler_output.state_saves)
             logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sample_req_ids else None
             prompt_logprobs = compute_prompt_logprobs(hidden, inputs, self.input_batch, self.requests, self.model,
                                                       self.vocab_size, self.device)
@@ -237,6 +246,12 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         md = inputs.attn_metadata
         return graphs.run(size, inputs.input_ids, inputs.positions, md.slot_mapping, md.seq_lens, md.block_table)
 
+    def _start_state(self, new: Any, row: int) -> None:
+        """A joining request's state slot: zeros, or the saved state its prefix-cache hit ends with."""
+        self.input_batch.state_slot[row] = new.state_slot
+        if new.state_slot >= 0:
+            start_state(self.state_caches, new.state_slot, new.state_restore_from)
+
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
         for req_id in so.finished_req_ids:
@@ -251,8 +266,11 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
                                            pooling_params=new.pooling_params, token_type_ids=new.token_type_ids,
                                            lora_request=new.lora_request)
                 self.requests[new.req_id] = state
-            batch.add_request(new.req_id, new.prompt_token_ids + new.output_token_ids, len(new.prompt_token_ids),
-                              new.num_computed_tokens, new.block_ids, state.sampling_params)
+            row = batch.add_request(new.req_id, new.prompt_token_ids + new.output_token_ids,
+                                    len(new.prompt_token_ids), new.num_computed_tokens, new.block_ids,
+                                    state.sampling_params)
+            if self.state_caches:
+                self._start_state(new, row)
         cached = so.scheduled_cached_reqs
         for req_id, new_block_ids, num_computed, num_blocks in zip(cached.req_ids, cached.new_block_ids,
                                                                     cached.num_computed_tokens,
@@ -330,6 +348,8 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
                 precise_rows=precise_rows,
                 common_prefix_len=self._cascade_prefix_len(so.num_common_prefix_blocks, rows, num_computed,
                                                            num_scheduled))
+        if self.state_caches:
+            attn_metadata.gdn = GDNAttentionMetadata.build(batch.state_slot[rows], query_start_loc)
         inputs = StepInputs(req_ids, rows, num_scheduled, query_start_loc, dev["input_ids"], dev["positions"],
                             attn_metadata, dev["logits_indices"], sample_req_ids, rows[sample_mask], num_drafts,
                             draft_token_ids)

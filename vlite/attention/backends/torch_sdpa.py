@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -175,6 +175,9 @@ class TorchSDPAMetadata:
     # For the step's linear layers rather than attention: the row count that decides the quantized
     # kernels' float32 residual row (vlite.layers.quantization.linear); None: each call's own rows.
     precise_rows: Optional[int] = None
+    # Linear-attention layers' view of the step (vlite.attention.backends.gdn_attn), set by the runner for
+    # models that have them; None otherwise.
+    gdn: Optional[Any] = None
 
     def for_window(self, window: int) -> TorchSDPAMetadata:
         """The view of the step that layers attending through `window` read."""

@@ -27,6 +27,10 @@ class NewRequestData:
     pooling_params: PoolingParams | None = None  # a pooling request: pooled when its prompt is done
     token_type_ids: list[int] | None = None
     lora_request: LoRARequest | None = None  # the adapter it runs under; None: the base model
+    # Recurrent-state models: the request's state slot, and the prefix cache's slot its state starts from
+    # (-1: from zeros).
+    state_slot: int = -1
+    state_restore_from: int = -1
 
 
 @dataclass
@@ -64,6 +68,8 @@ class SchedulerOutput:
     # Leading KV blocks that every running request shares (cascade attention computes their attention
     # once for the batch); see KVCacheManager.get_num_common_prefix_blocks.
     num_common_prefix_blocks: int = 0
+    # Recurrent-state models: (slot, cache slot) copies after the forward, saving states at block boundaries.
+    state_saves: list[tuple[int, int]] = field(default_factory=list)
     # With a KV connector: the blocks its workers load (in the background) and save (after the forward).
     kv_connector_metadata: KVConnectorMetadata | None = None
 

@@ -119,6 +119,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
         return self._schedule()
 
     def _schedule(self) -> SchedulerOutput:
+        self.kv_cache_manager.new_step()
         token_budget = self.config.max_num_batched_tokens
         num_scheduled_tokens: dict[str, int] = {}
         new_blocks_of: dict[str, list[int]] = {}
@@ -133,7 +134,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
             request = self.running[req_index]
             # Draft tokens (speculative decoding) are scheduled after the request's next token.
             num_new_tokens = self._cap_new_tokens(request, request.num_tokens_with_spec - request.num_computed_tokens,
-                                                  token_budget)
+                                                  token_budget, request.num_computed_tokens)
             if num_new_tokens == 0:
                 req_index += 1
                 continue
@@ -173,9 +174,13 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
             cached.num_blocks_before.append(self.kv_cache_manager.get_num_blocks(request.request_id)
                                             - len(new_blocks_of[request.request_id]))
         sample_req_ids, prompt_done_req_ids = set(), set()
+        state_saves = []
         for req_id, n in num_scheduled_tokens.items():
             request = self.requests[req_id]
             request.num_computed_tokens += n
+            save = self.kv_cache_manager.schedule_state_save(request)
+            if save is not None:
+                state_saves.append(save)
             if request.num_computed_tokens >= request.num_tokens:
                 (prompt_done_req_ids if request.max_tokens == 0 else sample_req_ids).add(req_id)
         output = SchedulerOutput(
@@ -188,6 +193,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
             sample_req_ids=sample_req_ids,
             prompt_done_req_ids=prompt_done_req_ids,
             scheduled_spec_decode_tokens=scheduled_spec,
+            state_saves=state_saves,
             forced_token_ids=forced_tokens(self.requests, self.budgeted, sample_req_ids, scheduled_spec),
             num_common_prefix_blocks=(self.kv_cache_manager.get_num_common_prefix_blocks(
                 self.running[0], len(self.running)) if self.running else 0),
@@ -247,7 +253,8 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
                 queue.pop_request()
                 step_skipped_waiting.prepend_request(request)
                 continue
-            num_new_tokens = self._cap_new_tokens(request, request.num_tokens - num_computed_tokens, token_budget)
+            num_new_tokens = self._cap_new_tokens(request, request.num_tokens - num_computed_tokens, token_budget,
+                                                  num_computed_tokens)
             is_partial = num_computed_tokens + num_new_tokens < request.num_prompt_tokens
             new_blocks = None
             # Unchunked prompts (encoders) wait for a step with room for all of them.
@@ -281,6 +288,8 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
                 pooling_params=request.pooling_params,
                 token_type_ids=request.token_type_ids,
                 lora_request=request.lora_request,
+                state_slot=kv.state_slot(request.request_id),
+                state_restore_from=kv.state_restore_source(request.request_id),
             ))
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
@@ -289,11 +298,13 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
             self.skipped_waiting.prepend_requests(step_skipped_waiting)
         return token_budget
 
-    def _cap_new_tokens(self, request: Request, num_new_tokens: int, token_budget: int) -> int:
+    def _cap_new_tokens(self, request: Request, num_new_tokens: int, token_budget: int,
+                        num_computed_tokens: int) -> int:
         threshold = self.config.long_prefill_token_threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
-        return min(num_new_tokens, token_budget)
+        # recurrent-state models end a step where the prefix cache saves a state
+        return self.kv_cache_manager.cap_new_tokens(request, num_computed_tokens, min(num_new_tokens, token_budget))
 
     def _select_waiting_queue_for_scheduling(self) -> Optional[RequestQueue]:
         """The queue with the better head. FCFS: the earlier arrival, since a preempted request at
