@@ -446,6 +446,16 @@ class LoadedEngineConfig:
     # `num_cached_state_slots` for the prefix cache's saved states (vlite.core.mamba_manager); 0: none.
     num_state_slots: int = 0
     num_cached_state_slots: int = 0
+    # The model's KV cache groups (vlite.core.kv_cache_interface.KVCacheGroupSpec): each attention group's layers
+    # and window, the recurrent-state group; () where the model keeps no KV cache.
+    kv_cache_groups: tuple = ()
+
+    @property
+    def kv_group_windows(self) -> tuple[int, ...]:
+        """Each attention group's window (the KV cache manager's groups)."""
+        from vlite.core.kv_cache_interface import KVCacheConfig
+
+        return KVCacheConfig(self.num_kv_blocks, self.kv_cache_groups).group_windows or (0,)
 
     @property
     def kv_capacity_tokens(self) -> int:

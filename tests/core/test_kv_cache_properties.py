@@ -221,11 +221,16 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         # The hit is the longest cached prefix, its blocks are the request's own prefix blocks.
         hashes = chain_hashes(req.all_token_ids, bs)
         expect = 0
+        cached = kv.block_pool.cached_block_hash_to_block
         if kv.enable_caching and req.sampling_params.prompt_logprobs is None:
-            for hsh in hashes[:(req.num_tokens - 1) // bs]:
-                if hsh not in kv.block_pool.cached_block_hash_to_block:
-                    break
-                expect += 1
+            if self.window is None:
+                for hsh in hashes[:(req.num_tokens - 1) // bs]:
+                    if hsh not in cached:
+                        break
+                    expect += 1
+            else:  # the longest prefix whose blocks the first computed query reads (its last one at least) are cached
+                expect = next((n for n in range((req.num_tokens - 1) // bs, 0, -1)
+                               if all(h in cached for h in hashes[min(self._skipped(n * bs), n - 1):n])), 0)
         assert len(hit) == expect
         skipped = min(self._skipped(num_hit), len(hit))  # hit blocks behind the window are not taken
         assert all(b is NULL_BLOCK for b in hit[:skipped])

@@ -171,3 +171,22 @@ def test_gguf_tokenizer_is_autotokenizers(hf_model: Any, tokenizer: Any, tmp_pat
         tok = load_tokenizer(resolve_model(str(path)))
         same_tokenizer(tok, ref)
         assert tok.special_tokens_map["mask_token"] == "<mask>"
+
+
+def test_sliding_groups_free_their_blocks(folder: Path, prompt_ids: list[list[int]], refs: list[Any]) -> None:
+    """KV cache groups: the global layer in one, each sliding layer in its own (as many layers a group as the
+    global kind has), all on one pool. A 290-token prompt then holds 19 blocks in the global group but about
+    (window + chunk) / block_size in each sliding one: 60 blocks serve it where keeping every block would
+    take 6 x 20. Same tokens as transformers."""
+    from vlite import LLM, SamplingParams
+
+    page = 2 * 16 * 2 * 32 * 4  # K and V of one layer's block: 16 tokens x 2 KV heads x 32 dims, float32
+    llm = LLM(model=str(folder), dtype="float32", max_num_batched_tokens=tiny.STEP_TOKENS, block_size=16,
+              kv_cache_memory_bytes=60 * page, max_num_seqs=1, max_model_len=320)
+    kv = llm.llm_engine.engine_core.kv_cache_manager
+    assert kv.num_blocks == 60 and [g.window for g in kv.groups] == [0] + [WINDOW] * 5
+    params = SamplingParams(temperature=0.0, max_tokens=tiny.MAX_NEW, ignore_eos=True, logprobs=5)
+    long = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    out = llm.generate([{"prompt_token_ids": prompt_ids[long]}], params, use_tqdm=False)[0]
+    print(tiny.assert_parity([out.outputs[0]], [refs[long]]))
+    assert kv.get_num_free_blocks() == 60 and llm.llm_engine.engine_core.scheduler.num_preemptions == 0

@@ -62,7 +62,7 @@ class KVCacheGroupSpec:
 
 @dataclass(frozen=True)
 class KVCacheConfig:
-    num_blocks: int  # KV blocks of the attention group, each holding every attention layer's page
+    num_blocks: int  # KV blocks of the shared pool, each a page of every KV buffer (`block_bytes`)
     kv_cache_groups: tuple[KVCacheGroupSpec, ...]
     num_state_slots: int = 0  # recurrent-state slots: running requests' first, then the prefix cache's
     num_cached_state_slots: int = 0  # of those, kept for the prefix cache (states saved at block boundaries)
@@ -72,13 +72,46 @@ class KVCacheConfig:
         return next((g for g in self.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec)), None)
 
     @property
-    def attention_group(self) -> KVCacheGroupSpec | None:
-        return next((g for g in self.kv_cache_groups if isinstance(g.kv_cache_spec, FullAttentionSpec)), None)
+    def attention_groups(self) -> tuple[KVCacheGroupSpec, ...]:
+        return tuple(g for g in self.kv_cache_groups if isinstance(g.kv_cache_spec, FullAttentionSpec))
+
+    @property
+    def group_size(self) -> int:
+        """Layers per attention group: the KV buffers, each shared by one layer of every group."""
+        return max((len(g.layer_indices) for g in self.attention_groups), default=0)
 
     @property
     def block_bytes(self) -> int:
-        g = self.attention_group
-        return len(g.layer_indices) * g.kv_cache_spec.page_size_bytes if g is not None else 0
+        """One block of the shared pool: a page of each of the group_size buffers."""
+        groups = self.attention_groups
+        return self.group_size * groups[0].kv_cache_spec.page_size_bytes if groups else 0
+
+    @property
+    def group_windows(self) -> tuple[int, ...]:
+        """Each attention group's window (0: full attention), the KV cache manager's groups."""
+        return tuple(getattr(g.kv_cache_spec, "sliding_window", 0) for g in self.attention_groups)
+
+    def blocks_per_request(self, num_tokens: int, chunk_tokens: int) -> int:
+        """Blocks one request of `num_tokens` tokens holds at most, in every attention group: all of its blocks in
+        a full group; in a sliding one those the window reads, plus a step's chunk of at most `chunk_tokens`."""
+        total = 0
+        for g in self.attention_groups:
+            bs, window = g.kv_cache_spec.block_size, getattr(g.kv_cache_spec, "sliding_window", 0)
+            span = min(num_tokens, window + chunk_tokens) if window else num_tokens
+            total += -(-span // bs) + (1 if window and span < num_tokens else 0)
+        return total
+
+    def max_tokens_per_request(self, chunk_tokens: int) -> int:
+        """The longest request the pool holds alone (the engine's KV capacity in tokens)."""
+        groups = self.attention_groups
+        if not groups:
+            return 0
+        bs = groups[0].kv_cache_spec.block_size
+        lo, hi = 0, self.num_blocks * bs  # a request never holds fewer blocks than its tokens fill in one group
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.blocks_per_request(mid, chunk_tokens) <= self.num_blocks else (lo, mid - 1)
+        return lo
 
     @property
     def state_slot_bytes(self) -> int:
@@ -87,16 +120,35 @@ class KVCacheConfig:
         return len(g.layer_indices) * g.kv_cache_spec.state_bytes if g is not None else 0
 
 
-def kv_cache_groups(arch: ModelArchConfig, block_size: int, dtype_bytes: int) -> tuple[KVCacheGroupSpec, ...]:
-    """The model's groups: its attention layers (full, or sliding where every one slides: the manager then frees
-    what left the window), and its linear-attention layers where it has them."""
+def kv_cache_groups(arch: ModelArchConfig, block_size: int, dtype_bytes: int,
+                    split_windows: bool = True) -> tuple[KVCacheGroupSpec, ...]:
+    """The model's KV cache groups: its attention layers, and its linear-attention layers where it has them.
+
+    Attention layers of one kind (one window) make one group. Where kinds mix (Gemma 2/3, gpt-oss: sliding and
+    full layers) and `split_windows`, each kind is cut into groups of as many layers as the smallest kind has
+    (vLLM's hybrid allocator): every group then has the same number of layers, layer j of each group shares the
+    j-th KV buffer with layer j of the others, and a block of the shared pool is one page of those buffers,
+    held by one group at a time. The last group of a kind may have fewer layers (its missing ones are padding).
+    Without `split_windows` (backends that read one block table) the attention layers stay one group that keeps
+    every block, sliding ones included. Full-attention groups come first."""
     groups = []
-    attention = arch.attention_layers
-    if attention:
-        window = arch.kv_sliding_window
-        spec = (SlidingWindowSpec(block_size, arch.num_key_value_heads, arch.head_dim, dtype_bytes, window)
-                if window else FullAttentionSpec(block_size, arch.num_key_value_heads, arch.head_dim, dtype_bytes))
-        groups.append(KVCacheGroupSpec(attention, spec))
+    by_window: dict[int, list[int]] = {}
+    for i in arch.attention_layers:
+        by_window.setdefault(arch.layer_window(i), []).append(i)
+
+    def spec(window: int) -> FullAttentionSpec:
+        if window:
+            return SlidingWindowSpec(block_size, arch.num_key_value_heads, arch.head_dim, dtype_bytes, window)
+        return FullAttentionSpec(block_size, arch.num_key_value_heads, arch.head_dim, dtype_bytes)
+
+    if len(by_window) == 1 or (by_window and not split_windows):
+        window = next(iter(by_window)) if len(by_window) == 1 else 0
+        groups.append(KVCacheGroupSpec(arch.attention_layers, spec(window)))
+    elif by_window:
+        size = min(len(layers) for layers in by_window.values())
+        for window in sorted(by_window):
+            layers = by_window[window]
+            groups += [KVCacheGroupSpec(tuple(layers[i:i + size]), spec(window)) for i in range(0, len(layers), size)]
     if arch.linear_layers:
         conv = (arch.linear_conv_dim, arch.linear_conv_kernel_dim - 1)
         ssm = (arch.linear_num_value_heads, arch.linear_key_head_dim, arch.linear_value_head_dim)

@@ -1,4 +1,4 @@
-"""KVCacheManager: per-request block tables on top of the BlockPool, with prefix caching.
+"""KVCacheManager: per-request block tables on top of the BlockPool, with prefix caching, over KV cache groups.
 
 The scheduler talks to it through three calls only: `get_computed_blocks` (prefix-cache lookup),
 `allocate_slots` (grow a request's blocks for this step's tokens) and `free`.
@@ -10,8 +10,14 @@ frees them (vLLM's SlidingWindowManager does the same), leaving `NULL_BLOCK` in 
 index = block index still holds; a long generation then holds about window / block_size + 1 blocks.
 Freed blocks keep their prefix-cache hash until evicted: their K/V are complete and remain valid
 for a later request with the same prefix. A prefix hit leaves the hit blocks it would free at once
-untouched (NULL_BLOCK), as vLLM does. Models mixing sliding and global layers (Gemma 2/3) share one
-block table and keep every block: the global layers read them all.
+untouched (NULL_BLOCK), as vLLM does.
+
+KV cache groups (vLLM's hybrid KV cache manager): models mixing sliding and global layers (Gemma 2/3, gpt-oss)
+get one group per kind and per `group_windows` entry (vlite.core.kv_cache_interface), each with its own
+manager (`FullAttentionManager`, `SlidingWindowManager`: vlite/core/single_type_kv_cache_manager.py) and block
+table, all drawing on one pool: the sliding groups' blocks return to it as they leave the window. Every call
+below spans the groups: a prefix hit is the longest prefix every group can serve, an allocation takes blocks
+in every group or in none, a free releases them all.
 
 Linear-attention hybrids (Qwen3.5): a second KV cache group, the layers with a recurrent state, is managed by a
 `MambaManager` beside the blocks (a state slot per running request, and states saved at block boundaries for
@@ -22,15 +28,30 @@ an admission takes blocks and a slot or neither, a free releases both.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Sequence
 
 from vlite.core.block_pool import BlockPool
 from vlite.core.kv_cache_utils import NULL_BLOCK, KVCacheBlock, compute_block_hashes, lora_extra_keys
 from vlite.core.mamba_manager import MambaManager
+from vlite.core.single_type_kv_cache_manager import (FullAttentionManager, SingleTypeKVCacheManager,
+                                                     SlidingWindowManager, cdiv)
 from vlite.request import Request
 
+__all__ = ["KVCacheManager", "EncoderOnlyKVCacheManager", "KVCacheBlocks", "PrefixCacheStats", "cdiv"]
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+
+class KVCacheBlocks(list):
+    """Blocks of one request in every KV cache group (`per_group`), the list itself being group 0's (the only
+    group of most models: what callers that know one group read)."""
+
+    per_group: tuple[list[KVCacheBlock], ...]
+
+    def __init__(self, per_group: Sequence[list[KVCacheBlock]]) -> None:
+        super().__init__(per_group[0])
+        self.per_group = tuple(per_group)
+
+    def block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in blocks] for blocks in self.per_group)
 
 
 @dataclass
@@ -42,21 +63,35 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 sliding_window: int | None = None, num_state_slots: int = 0, num_cached_state_slots: int = 0) -> None:
-        """`num_state_slots` > 0: the model has recurrent-state layers; that many slots, the last
-        `num_cached_state_slots` of them the prefix cache's."""
+                 sliding_window: int | None = None, num_state_slots: int = 0, num_cached_state_slots: int = 0,
+                 group_windows: Optional[Sequence[int]] = None) -> None:
+        """`group_windows`: one entry per attention group, its window (0: full attention); default: one group,
+        sliding where `sliding_window` is set. `num_state_slots` > 0: the model has recurrent-state layers;
+        that many slots, the last `num_cached_state_slots` of them the prefix cache's."""
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
+        if group_windows is None:
+            group_windows = (sliding_window or 0,)
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.sliding_window = sliding_window
+        self.sliding_window = sliding_window if len(group_windows) == 1 else None
         self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # How many leading blocks of each request are registered in the prefix cache.
-        self.num_cached_block: dict[str, int] = {}
+        self.groups: list[SingleTypeKVCacheManager] = [
+            SlidingWindowManager(self.block_pool, block_size, g, enable_caching, w) if w
+            else FullAttentionManager(self.block_pool, block_size, g, enable_caching)
+            for g, w in enumerate(group_windows)]
         self.prefix_cache_stats = PrefixCacheStats()
         self.state_manager = (MambaManager(num_state_slots - num_cached_state_slots, num_cached_state_slots,
                                            block_size, enable_caching) if num_state_slots else None)
+
+    @property
+    def req_to_blocks(self) -> dict[str, list[KVCacheBlock]]:
+        """Group 0's block lists (the only group of most models)."""
+        return self.groups[0].req_to_blocks
+
+    @property
+    def num_cached_block(self) -> dict[str, int]:
+        return self.groups[0].num_cached_block
 
     @property
     def num_blocks(self) -> int:
@@ -73,54 +108,37 @@ class KVCacheManager:
         return compute_block_hashes(request.all_token_ids, self.block_size, request.block_hashes,
                                     lora_extra_keys(request.lora_request))
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """Longest cached prefix of the request: (blocks, number of tokens they hold).
 
         The last token is always recomputed, so a full hit still yields logits to sample from.
-        Requests that want prompt logprobs need every prompt position computed: no lookup. With a
-        sliding window, the hit blocks behind the window of the first query to compute come back as
-        NULL_BLOCK: not taken, since nothing will read them.
+        Requests that want prompt logprobs need every prompt position computed: no lookup. Full-attention
+        groups need every block of the prefix, sliding ones only those their first computed query reads (the
+        others come back as NULL_BLOCK: not taken), the recurrent-state group a state saved at its end.
         """
+        none = KVCacheBlocks([[] for _ in self.groups])
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
-            return [], 0
+            return none, 0
         block_hashes = self._block_hashes(request)
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        hit: list[KVCacheBlock] = []
-        for block_hash in block_hashes[:max_hit_blocks]:
-            block = self.block_pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            hit.append(block)
-        if self.state_manager is not None:  # only as far as a saved state reaches
-            del hit[self.state_manager.longest_hit(block_hashes, len(hit)):]
-        num_hit_tokens = len(hit) * self.block_size
-        num_skipped = min(self._num_skipped_blocks(num_hit_tokens), len(hit))
-        return [NULL_BLOCK] * num_skipped + hit[num_skipped:], num_hit_tokens
-
-    def _num_skipped_blocks(self, num_computed_tokens: int) -> int:
-        """Leading blocks that no query from position `num_computed_tokens` on reads (sliding window)."""
-        if self.sliding_window is None:
-            return 0
-        return max(0, num_computed_tokens - self.sliding_window + 1) // self.block_size
-
-    def _free_skipped_blocks(self, req_blocks: list[KVCacheBlock], num_computed_tokens: int) -> None:
-        """Free the blocks that left the window of the request's next query, replacing them with NULL_BLOCK.
-
-        Later blocks are freed first, so that the earlier ones (the head of every prefix-cache chain
-        through them) are evicted last.
-        """
-        freed = []
-        for i in range(min(self._num_skipped_blocks(num_computed_tokens), len(req_blocks)) - 1, -1, -1):
-            if req_blocks[i] is NULL_BLOCK:
-                break  # the ones before were freed in an earlier step
-            freed.append(req_blocks[i])
-            req_blocks[i] = NULL_BLOCK
-        self.block_pool.free_blocks(freed)
+        num = (request.num_tokens - 1) // self.block_size
+        full = [g for g in self.groups if not g.window]
+        for g in full:  # left to right: the longest prefix of cached blocks
+            n = 0
+            while n < num and g.cached_block(block_hashes[n]) is not None:
+                n += 1
+            num = n
+        state, sliding = self.state_manager, [g for g in self.groups if g.window]
+        while num > 0 and not (all(g.hit_ok(block_hashes, num) for g in sliding)
+                               and (state is None or state.longest_hit(block_hashes, num) == num)):
+            num -= 1
+        if num == 0:
+            return none, 0
+        return KVCacheBlocks([g.hit_blocks(block_hashes, num) for g in self.groups]), num * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVCacheBlock] | None = None, *, delay_cache_blocks: bool = False,
-                       record_stats: bool = True) -> list[KVCacheBlock] | None:
-        """Make room for `num_new_tokens` more tokens after the computed ones.
+                       new_computed_blocks: Optional[list[KVCacheBlock]] = None, *, delay_cache_blocks: bool = False,
+                       record_stats: bool = True) -> Optional[KVCacheBlocks]:
+        """Make room for `num_new_tokens` more tokens after the computed ones, in every group.
 
         Returns the newly allocated blocks, or None (changing nothing) when the pool cannot
         supply them; the caller then preempts or skips. Full blocks whose tokens are known after
@@ -130,83 +148,77 @@ class KVCacheManager:
         `cache_blocks` once loaded). `record_stats`: count this admission in the prefix-cache stats
         (not when a request whose load finished is admitted again).
         """
-        new_computed_blocks = new_computed_blocks or []
-        req_blocks = self.req_to_blocks.get(request.request_id)
-        is_admission = req_blocks is None
-        if req_blocks is None:
-            req_blocks = self.req_to_blocks[request.request_id] = []
+        req_id = request.request_id
+        hits = (new_computed_blocks.per_group if isinstance(new_computed_blocks, KVCacheBlocks)
+                else (list(new_computed_blocks or []),) + tuple([] for _ in self.groups[1:]))
+        is_admission = req_id not in self.groups[0].req_to_blocks
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
-        if self.sliding_window is not None and req_blocks:
+        if not is_admission:
             # Blocks behind the window go back to the pool first, whether or not this step fits.
-            self._free_skipped_blocks(req_blocks, num_computed_tokens)
-        num_required_blocks = cdiv(num_computed_tokens + num_new_tokens, self.block_size)
-        num_new_blocks = num_required_blocks - len(req_blocks) - len(new_computed_blocks)
-        if num_new_blocks <= 0 and not new_computed_blocks and not is_admission:
+            for g in self.groups:
+                g.remove_skipped_blocks(req_id, num_computed_tokens)
+        num_tokens = num_computed_tokens + num_new_tokens
+        need = [g.num_new_blocks(req_id, num_tokens, len(h)) for g, h in zip(self.groups, hits)]
+        has_hits = any(hits)
+        if not is_admission and not has_hits and max(need) <= 0:
             # The common decode step: the last block still has room. Only caching may change.
-            self._cache_full_blocks(request, req_blocks, num_computed_tokens + num_new_tokens)
-            return []
+            self._cache_full_blocks(request, num_tokens)
+            return KVCacheBlocks([[] for _ in self.groups])
         # Hit blocks sitting in the free queue stop being free once touched.
-        num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and b is not NULL_BLOCK)
+        num_free_hits = sum(1 for h in hits for b in h if b.ref_cnt == 0 and b is not NULL_BLOCK)
         state = self.state_manager
-        no_slot = (state is not None and is_admission and state.slot(request.request_id) < 0
-                   and not state.free_slots)
-        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_free_hits or no_slot:
-            if not req_blocks:
-                del self.req_to_blocks[request.request_id]
+        no_slot = state is not None and is_admission and state.slot(req_id) < 0 and not state.free_slots
+        if sum(max(n, 0) for n in need) > self.block_pool.get_num_free_blocks() - num_free_hits or no_slot:
             return None
         if state is not None and is_admission:
-            state.allocate(request.request_id, self._block_hashes(request), num_computed_tokens)
-
+            state.allocate(req_id, self._block_hashes(request), num_computed_tokens)
         if is_admission and self.enable_caching and record_stats:
             # Counted once per (re)admission, not per retry of a request that did not fit.
             stats = self.prefix_cache_stats
             stats.requests += 1
             stats.queries += request.num_tokens
             stats.hits += num_new_computed_tokens
-        if new_computed_blocks:
-            self.block_pool.touch(b for b in new_computed_blocks if b is not NULL_BLOCK)
-            req_blocks.extend(new_computed_blocks)
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
-        req_blocks.extend(new_blocks)
+        new = []
+        for g, h, n in zip(self.groups, hits, need):
+            req_blocks = g.req_to_blocks.setdefault(req_id, [])
+            if h:
+                self.block_pool.touch(b for b in h if b is not NULL_BLOCK)
+                req_blocks.extend(h)
+            blocks = self.block_pool.get_new_blocks(n) if n > 0 else []
+            req_blocks.extend(blocks)
+            new.append(blocks)
         if not delay_cache_blocks:
-            self._cache_full_blocks(request, req_blocks, num_computed_tokens + num_new_tokens)
-        return new_blocks
+            self._cache_full_blocks(request, num_tokens)
+        return KVCacheBlocks(new)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's full blocks within its first `num_tokens` tokens in the prefix cache (their
         K/V are now in place: loaded by a KV connector)."""
-        blocks = self.req_to_blocks.get(request.request_id)
-        if blocks is not None:
-            self._cache_full_blocks(request, blocks, num_tokens)
+        if request.request_id in self.groups[0].req_to_blocks:
+            self._cache_full_blocks(request, num_tokens)
 
-    def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens_after: int) -> None:
+    def _cache_full_blocks(self, request: Request, num_tokens_after: int) -> None:
         """Register the blocks that this step fills (their tokens are all known) in the prefix cache."""
         if not self.enable_caching:
             return
-        num_cached = self.num_cached_block.get(request.request_id, 0)
         num_full = min(num_tokens_after, request.num_tokens) // self.block_size
-        if num_full > num_cached:
-            self.block_pool.cache_full_blocks(req_blocks, self._block_hashes(request), num_cached, num_full)
-            self.num_cached_block[request.request_id] = num_full
+        if num_full > self.groups[0].num_cached_block.get(request.request_id, 0):
+            hashes = self._block_hashes(request)
+            for g in self.groups:
+                g.cache_full_blocks(request.request_id, hashes, num_full)
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks, tail first, so its prefix is evicted last."""
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.num_cached_block.pop(request.request_id, None)
+        """Release the request's blocks (every group, each tail first, so its prefix is evicted last) and state."""
+        for g in self.groups:
+            g.free(request.request_id)
         if self.state_manager is not None:
             self.state_manager.free(request.request_id)
-        self.block_pool.free_blocks(b for b in reversed(blocks) if b is not NULL_BLOCK)
 
     def free_blocks_beyond(self, request: Request, num_tokens: int) -> None:
         """Free the request's blocks past the first `num_tokens` tokens (speculative decoding: blocks
         that only rejected draft tokens filled). They were never cached: only verified tokens are hashed."""
-        blocks = self.req_to_blocks.get(request.request_id)
-        keep = cdiv(num_tokens, self.block_size)
-        if blocks is None or len(blocks) <= keep:
-            return
-        tail = blocks[keep:]
-        del blocks[keep:]
-        self.block_pool.free_blocks(b for b in reversed(tail) if b is not NULL_BLOCK)
+        for g in self.groups:
+            g.free_beyond(request.request_id, cdiv(num_tokens, self.block_size))
 
     def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
         """Leading blocks of `request` (any running one) that every running request references: the
@@ -221,11 +233,13 @@ class KVCacheManager:
         counted block may hold tokens some request has not computed yet: the attention side must cap
         the prefix at the batch's fewest computed tokens (vLLM's runner does).
 
-        Sliding window: 0, as vLLM's SlidingWindowManager. Leading blocks become NULL_BLOCK as they
-        leave the window, and a shared prefix read by every query ignores each query's window.
+        Only for a model of one full-attention group: 0 with a sliding window (as vLLM's SlidingWindowManager:
+        leading blocks become NULL_BLOCK, and a shared prefix read by every query ignores each query's window),
+        with several groups or with recurrent-state layers (not done yet).
         """
-        if self.sliding_window is not None or num_running_requests <= 0 or self.state_manager is not None:
-            return 0  # (recurrent-state models: the step's attention layers alone would share it; not done yet)
+        if (len(self.groups) > 1 or self.groups[0].window or num_running_requests <= 0
+                or self.state_manager is not None):
+            return 0
         num_common = 0
         for block in self.req_to_blocks.get(request.request_id, ()):
             if block is NULL_BLOCK or block.ref_cnt != num_running_requests:
@@ -234,10 +248,16 @@ class KVCacheManager:
         return num_common
 
     def get_num_blocks(self, request_id: str) -> int:
+        """Blocks (one per block_size tokens) the request holds in each group."""
         return len(self.req_to_blocks.get(request_id, ()))
 
     def get_block_ids(self, request_id: str) -> list[int]:
+        """Group 0's block ids (the only group of most models; the KV connector's)."""
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def get_group_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block ids in every group: one block table per group in the runner."""
+        return tuple([b.block_id for b in g.req_to_blocks.get(request_id, [])] for g in self.groups)
 
     def reset_prefix_cache(self, force: bool = False) -> bool:
         reset = self.block_pool.reset_prefix_cache(force)
@@ -281,14 +301,14 @@ class EncoderOnlyKVCacheManager(KVCacheManager):
     def __init__(self, block_size: int) -> None:
         super().__init__(1, block_size, enable_caching=False)  # one block nobody takes: the usage stays 0
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        return [], 0
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        return KVCacheBlocks([[]]), 0
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVCacheBlock] | None = None, *, delay_cache_blocks: bool = False,
-                       record_stats: bool = True) -> list[KVCacheBlock] | None:
+                       record_stats: bool = True) -> Optional[KVCacheBlocks]:
         self.req_to_blocks.setdefault(request.request_id, [])
-        return []
+        return KVCacheBlocks([[]])
 
     def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
         return 0  # no blocks: nothing to share

@@ -127,13 +127,16 @@ class EngineArgs:
                         plan_quantization(self.quantization, arch.source_quantization, torch_dtype,
                                           dtype_was_auto=self.dtype == "auto"))
 
-        from vlite.worker.model_runner import kv_cache_bytes_per_block
+        from vlite.core.kv_cache_interface import KVCacheConfig, kv_cache_groups
 
         pooler_config = _pooler_config(model_config, resolved, arch)
         if lora_config is not None and pooler_config is not None:
             raise ValueError(f"enable_lora: LoRA adapters apply to text generation only, and {resolved.name} runs "
                              f"as a pooling model (runner='pooling', embeddings and scores); leave --enable-lora off")
-        bytes_per_block = kv_cache_bytes_per_block(arch, self.block_size, torch_dtype)
+        # KV cache groups: sliding and full layers apart where the backend reads a block table per group (CPU)
+        groups = kv_cache_groups(arch, self.block_size, torch.empty((), dtype=torch_dtype).element_size(),
+                                 split_windows=device == "cpu") if arch.is_causal else ()
+        bytes_per_block = KVCacheConfig(0, groups).block_bytes or 1
         state_slots, cached_state_slots, state_bytes = self._state_slots(arch, cache_config, speculative_config,
                                                                          parallel_config, lora_config, device)
         if not arch.is_causal:  # encoders keep no KV cache: nothing to size
@@ -154,7 +157,8 @@ class EngineArgs:
             raise ValueError(f"kv_cache_memory_bytes ({cache_config.kv_cache_memory_bytes or kv_bytes}) leaves less "
                              f"than one KV block ({bytes_per_block} bytes at block_size={self.block_size}){states}; "
                              f"raise it, or lower max_num_seqs")
-        capacity = num_blocks * self.block_size if arch.is_causal else arch.longest_context
+        capacity = (KVCacheConfig(num_blocks, groups).max_tokens_per_request(self.max_num_batched_tokens)
+                    if arch.is_causal else arch.longest_context)
         # LongRoPE: the default is the original context; a longer max_model_len selects the long factors
         max_model_len = self.max_model_len or min(arch.longest_context if not arch.is_causal
                                                   else arch.max_position_embeddings, capacity)
@@ -189,7 +193,8 @@ class EngineArgs:
                                kv_transfer_config=kv_transfer_config, reasoning_config=reasoning_config),
             resolved=resolved, arch=arch, weights=weights, torch_dtype=torch_dtype, quantization=quantization,
             num_kv_blocks=num_blocks, eos_token_ids=tuple(arch.eos_token_ids), device=device,
-            pooler_config=pooler_config, num_state_slots=state_slots, num_cached_state_slots=cached_state_slots)
+            pooler_config=pooler_config, num_state_slots=state_slots, num_cached_state_slots=cached_state_slots,
+            kv_cache_groups=groups)
         if kv_transfer_config is not None:
             from vlite.kv_connector.factory import model_id
 

@@ -42,7 +42,8 @@ class EngineCore:
         self.kv_cache_manager = (
             KVCacheManager(loaded.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
                            sliding_window=loaded.arch.kv_sliding_window, num_state_slots=loaded.num_state_slots,
-                           num_cached_state_slots=loaded.num_cached_state_slots) if loaded.arch.is_causal
+                           num_cached_state_slots=loaded.num_cached_state_slots,
+                           group_windows=loaded.kv_group_windows) if loaded.arch.is_causal
             else EncoderOnlyKVCacheManager(cache.block_size))  # encoders keep no KV cache
         # A KV store outside the engine (--kv-offload-dir): its scheduler side; workers hold their own side.
         self.kv_connector = create_kv_connector(loaded, KVConnectorRole.SCHEDULER)

@@ -56,6 +56,8 @@ def unsupported_reason(loaded: LoadedEngineConfig) -> Optional[str]:
         return "prefix caching is off"
     if loaded.arch.kv_sliding_window is not None:
         return "the model frees KV blocks behind its sliding window"
+    if len(loaded.kv_group_windows) > 1:
+        return "the model's sliding and full layers keep their KV blocks apart (KV cache groups)"
     if loaded.arch.linear_layers:
         return "the model's linear-attention layers keep a recurrent state, which the store does not hold"
     return None

@@ -46,6 +46,7 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5 if scale is None else scale
+        self.layer = layer
         self.window = cfg.layer_window(layer)  # 0: every key before the query
         self.softcap = softcap
         # Fused QKV projection: one matmul instead of three.
@@ -72,7 +73,8 @@ class Attention(nn.Module):
         qkv = lora_linear(x, self.qkv_weight, self.qkv_bias, self.qkv_lora, precise_rows=precise_rows,
                           dense=self.dense)
         q, k, v = self.rotate(self.qk_norm(qkv), rope)
-        o = paged_attention(q, k, v, kv_cache, attn_metadata, self.scale, self.window, self.softcap)
+        o = paged_attention(q, k, v, kv_cache, layer_view(attn_metadata, self.layer), self.scale, self.window,
+                            self.softcap)
         return output_projection(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual, self.tp,
                                  self.o_lora, precise_rows=precise_rows, dense=self.dense)
 
@@ -95,6 +97,13 @@ class Attention(nn.Module):
         h, hkv = self.num_heads, self.num_kv_heads
         heads = qkv.view(-1, h + 2 * hkv, self.head_dim)
         return heads[:, :h], heads[:, h:h + hkv], heads[:, h + hkv:]
+
+
+def layer_view(attn_metadata: TorchSDPAMetadata, layer: int) -> TorchSDPAMetadata:
+    """The step's attention metadata as `layer` reads it: through its KV cache group's block table where the
+    model's layers are in several groups (TorchSDPAMetadata.layer_views)."""
+    views = getattr(attn_metadata, "layer_views", None)
+    return views.get(layer, attn_metadata) if views else attn_metadata
 
 
 def qk_norms(cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan, dtype: torch.dtype

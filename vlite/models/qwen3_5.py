@@ -19,7 +19,7 @@ from torch import nn
 
 from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata
 from vlite.attention.selector import paged_attention
-from vlite.layers.attention import Attention, Tables, qk_norms
+from vlite.layers.attention import Attention, Tables, layer_view, qk_norms
 from vlite.layers.decoder import CausalLM, layer_norms
 from vlite.layers.gated_deltanet import GatedDeltaNet
 from vlite.layers.linear import Weights, lora_linear, output_projection
@@ -51,7 +51,8 @@ class Qwen3_5Attention(Attention):
         v = qkv[:, (2 * h + hkv) * d:].view(T, hkv, d)
         qk = torch.cat((q, k), dim=1)
         qk = torch.cat((RotaryEmbedding.apply(qk[..., :r], *rope), qk[..., r:]), dim=-1)
-        o = paged_attention(qk[:, :h], qk[:, h:], v, kv_cache, attn_metadata, self.scale, self.window, self.softcap)
+        o = paged_attention(qk[:, :h], qk[:, h:], v, kv_cache, layer_view(attn_metadata, self.layer), self.scale,
+                            self.window, self.softcap)
         o = o.reshape(T, h * d) * torch.sigmoid(gate)
         return output_projection(o, self.o_weight, self.o_bias, residual, self.tp, self.o_lora,
                                  precise_rows=precise_rows, dense=self.dense)

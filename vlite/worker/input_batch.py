@@ -22,9 +22,10 @@ from vlite.sampling_params import SamplingParams
 
 class InputBatch:
     def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int, vocab_size: int,
-                 eos_token_ids: Sequence[int] = (), device: Union[str, torch.device] = "cpu") -> None:
+                 eos_token_ids: Sequence[int] = (), device: Union[str, torch.device] = "cpu",
+                 num_kv_groups: int = 1) -> None:
         """`eos_token_ids`: what min_tokens suppresses besides a request's stop ids; `device`: the
-        sampler's, where the SamplingMetadata goes."""
+        sampler's, where the SamplingMetadata goes; `num_kv_groups`: KV cache groups, a block table each."""
         self.max_num_reqs = max_num_reqs
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
@@ -38,7 +39,9 @@ class InputBatch:
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
-        self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int64)
+        self.block_tables = [np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int64)
+                             for _ in range(num_kv_groups)]
+        self.block_table = self.block_tables[0]  # the first group's (the only one of most models)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
         self.state_slot = np.full(max_num_reqs, -1, dtype=np.int64)  # recurrent-state models: each row's slot
 
@@ -73,7 +76,7 @@ class InputBatch:
         return len(self.req_id_to_index)
 
     def add_request(self, req_id: str, token_ids: list[int], num_prompt_tokens: int, num_computed_tokens: int,
-                    block_ids: list[int], params: SamplingParams) -> int:
+                    block_ids: Sequence[Sequence[int]], params: SamplingParams) -> int:
         if not self._free_rows:
             raise RuntimeError(f"input batch is full ({self.max_num_reqs} requests)")
         row = heapq.heappop(self._free_rows)
@@ -113,10 +116,16 @@ class InputBatch:
             self.stop_token_ids[row] = list(params.stop_token_ids)
         return row
 
-    def append_block_ids(self, row: int, block_ids: list[int]) -> None:
+    def append_block_ids(self, row: int, block_ids: Sequence[Sequence[int]]) -> None:
+        """Each group's new block ids (the same count in every group); a flat list: the only group's."""
+        if block_ids and not isinstance(block_ids[0], (list, tuple)):
+            block_ids = (block_ids,)
+        if not block_ids:
+            return
         start = int(self.num_blocks[row])
-        self.block_table[row, start:start + len(block_ids)] = block_ids
-        self.num_blocks[row] = start + len(block_ids)
+        for table, ids in zip(self.block_tables, block_ids):
+            table[row, start:start + len(ids)] = ids
+        self.num_blocks[row] = start + len(block_ids[0])
 
     def remove_request(self, req_id: str) -> Optional[int]:
         row = self.req_id_to_index.pop(req_id, None)

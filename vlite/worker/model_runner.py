@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from vlite.attention.backends.gdn_attn import GDNAttentionMetadata
+from vlite.core.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, kv_cache_groups
 from vlite.attention.selector import get_attn_backend
 from vlite.config import SpeculativeConfig
 from vlite.core.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -121,7 +122,8 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
                      cfg.cache_config.block_size, cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_model_len,
                      loaded.eos_token_ids, loaded.quantization, cfg.speculative_config, device=loaded.device,
                      enforce_eager=cfg.device_config.enforce_eager, pooler_config=loaded.pooler_config,
-                     lora_config=cfg.lora_config, num_state_slots=loaded.num_state_slots)
+                     lora_config=cfg.lora_config, num_state_slots=loaded.num_state_slots,
+                     kv_groups=loaded.kv_cache_groups or None)
         runner.init_kv_connector(loaded, runner.tp.rank if runner.tp is not None else 0)
         return runner
 
@@ -130,7 +132,10 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
                  eos_token_ids: tuple[int, ...], quantization: QuantizationPlan = QuantizationPlan(None),
                  speculative_config: Optional[SpeculativeConfig] = None, device: str = "cpu",
                  enforce_eager: bool = False, pooler_config: Optional[PoolerConfig] = None,
-                 lora_config: Optional[LoRAConfig] = None, num_state_slots: int = 0) -> None:
+                 lora_config: Optional[LoRAConfig] = None, num_state_slots: int = 0,
+                 kv_groups: Optional[tuple[KVCacheGroupSpec, ...]] = None) -> None:
+        """`kv_groups`: the KV cache groups (vlite.core.kv_cache_interface; None: one group of every attention
+        layer, as backends that read one block table run)."""
         self.arch = arch
         # Weights and KV caches live on `device`; per-step arrays are built on the CPU and sent in one copy.
         self.device = torch.device(device)
@@ -158,18 +163,26 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         # Encoders attend within each whole sequence of a step and keep no KV cache.
         self.is_encoder = not arch.is_causal
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
-        linear = set(arch.linear_layers)
-        # per layer: its paged K/V, or a linear-attention layer's (conv, delta-rule) state slots
-        self.kv_caches = [] if self.is_encoder else [
-            linear_state(arch, num_state_slots, self.device) if i in linear
-            else torch.zeros(shape, dtype=dtype, device=self.device) for i in range(arch.num_hidden_layers)]
+        groups = KVCacheConfig(num_blocks, kv_groups or kv_cache_groups(arch, block_size, 0, split_windows=False))
+        # One block table per attention group; layer j of every group shares the j-th K/V buffer (a block is held
+        # by one group at a time). Linear-attention layers get their (conv, delta-rule) state slots instead.
+        self.kv_group_layers = [g.layer_indices for g in groups.attention_groups]
+        self.kv_group_windows = groups.group_windows
+        buffers = [] if self.is_encoder else [torch.zeros(shape, dtype=dtype, device=self.device)
+                                              for _ in range(groups.group_size)]
+        self.kv_caches: list[Any] = [None] * (0 if self.is_encoder else arch.num_hidden_layers)
+        for layers in self.kv_group_layers:
+            for j, layer in enumerate(layers):
+                self.kv_caches[layer] = buffers[j]
+        for i in arch.linear_layers:
+            self.kv_caches[i] = linear_state(arch, num_state_slots, self.device)
         self.state_caches = [self.kv_caches[i] for i in arch.linear_layers]
         # pooling models: hidden states -> each finished prompt's output (vlite.pooling)
         self.pooler = (Pooler(pooler_config, getattr(self.model, "classify", None))
                        if pooler_config is not None else None)
         max_blocks_per_req = -(-(max_model_len + 1) // block_size)
         self._input_batch_args = (max_num_reqs, max_model_len, max_blocks_per_req, arch.vocab_size,
-                                  eos_token_ids, self.device)
+                                  eos_token_ids, self.device, max(1, len(self.kv_group_layers)))
         self.input_batch = InputBatch(*self._input_batch_args)
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
@@ -343,11 +356,15 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         else:
             attn_metadata = self.attn_backend.build_metadata(
                 dev["query_start_loc"], dev["seq_lens"], dev["block_table"], dev["slot_mapping"], self.block_size,
-                self.attention_windows, max_query_len=int(num_scheduled.max()),
+                self.kv_group_windows[:1] if len(self.kv_group_layers) > 1 else self.attention_windows,
+                max_query_len=int(num_scheduled.max()),
                 max_decode_query_len=max_decode_query_len, decode_rows_below=self.prefill_decode_rows_below,
                 precise_rows=precise_rows,
                 common_prefix_len=self._cascade_prefix_len(so.num_common_prefix_blocks, rows, num_computed,
                                                            num_scheduled))
+        if len(self.kv_group_layers) > 1:  # the other groups' block tables: their own slots, a view per layer
+            attn_metadata.layer_views = self._group_views(attn_metadata, rows, token_rows, positions, query_start_loc,
+                                                          seq_lens, table_width, num_scheduled, precise_rows)
         if self.state_caches:
             attn_metadata.gdn = GDNAttentionMetadata.build(batch.state_slot[rows], query_start_loc)
         inputs = StepInputs(req_ids, rows, num_scheduled, query_start_loc, dev["input_ids"], dev["positions"],
@@ -356,6 +373,22 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         if self.pooler is not None and getattr(self.model, "token_type_embeddings", None) is not None:
             inputs.token_type_ids = step_token_type_ids(inputs, num_computed, self.requests, self.device)
         return inputs
+
+    def _group_views(self, md: Any, rows: np.ndarray, token_rows: np.ndarray, positions: np.ndarray,
+                     query_start_loc: np.ndarray, seq_lens: np.ndarray, table_width: int, num_scheduled: np.ndarray,
+                     precise_rows: Optional[int]) -> dict[int, Any]:
+        """The step as each layer of attention groups 1.. sees it (its group's block table and slots), by layer."""
+        views = {}
+        bs, qsl, lens = self.block_size, torch.from_numpy(query_start_loc), torch.from_numpy(seq_lens)
+        for g in range(1, len(self.kv_group_layers)):
+            table = self.input_batch.block_tables[g]
+            slots = table[token_rows, positions // bs] * bs + positions % bs
+            view = self.attn_backend.build_metadata(
+                qsl, lens, torch.from_numpy(table[rows, :table_width]), torch.from_numpy(slots), bs,
+                (self.kv_group_windows[g],), max_query_len=int(num_scheduled.max()),
+                decode_rows_below=self.prefill_decode_rows_below, precise_rows=precise_rows)
+            views.update(dict.fromkeys(self.kv_group_layers[g], view))
+        return views
 
     def _cascade_prefix_len(self, num_common_prefix_blocks: int, rows: np.ndarray, num_computed: np.ndarray,
                             num_scheduled: np.ndarray) -> int:

@@ -178,6 +178,9 @@ class TorchSDPAMetadata:
     # Linear-attention layers' view of the step (vlite.attention.backends.gdn_attn), set by the runner for
     # models that have them; None otherwise.
     gdn: Optional[Any] = None
+    # KV cache groups past the first (sliding and full layers in separate groups): layer index -> the step's view
+    # through that layer's group's block table and slots; layers not in it read this one.
+    layer_views: dict[int, TorchSDPAMetadata] = field(default_factory=dict)
 
     def for_window(self, window: int) -> TorchSDPAMetadata:
         """The view of the step that layers attending through `window` read."""

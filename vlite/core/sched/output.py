@@ -21,7 +21,7 @@ class NewRequestData:
     # Output tokens generated before a preemption; empty for a fresh request.
     output_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]  # per KV cache group
     # Tokens already in the KV cache (prefix-cache hit) when the request is (re)admitted.
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None  # a pooling request: pooled when its prompt is done
@@ -38,7 +38,7 @@ class CachedRequestData:
     """Parallel lists, one entry per running request the runner already holds."""
 
     req_ids: list[str] = field(default_factory=list)
-    new_block_ids: list[list[int]] = field(default_factory=list)
+    new_block_ids: list[tuple[list[int], ...]] = field(default_factory=list)  # per request, per KV cache group
     num_computed_tokens: list[int] = field(default_factory=list)
     # The request's block count before new_block_ids: fewer than the runner holds when blocks that
     # only rejected draft tokens occupied were freed (speculative decoding).

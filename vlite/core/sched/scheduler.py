@@ -122,7 +122,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
         self.kv_cache_manager.new_step()
         token_budget = self.config.max_num_batched_tokens
         num_scheduled_tokens: dict[str, int] = {}
-        new_blocks_of: dict[str, list[int]] = {}
+        new_blocks_of: dict[str, tuple[list[int], ...]] = {}  # per KV cache group
         scheduled_running: list[Request] = []
         scheduled_new: list[NewRequestData] = []
         preempted_req_ids: set[str] = set()
@@ -158,7 +158,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
                 if num_spec > 0:
                     scheduled_spec[request.request_id] = request.spec_token_ids[:num_spec]
                 request.spec_token_ids = []
-            new_blocks_of[request.request_id] = [b.block_id for b in new_blocks]
+            new_blocks_of[request.request_id] = new_blocks.block_ids()
             token_budget -= num_new_tokens
             req_index += 1
 
@@ -172,7 +172,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
             cached.new_block_ids.append(new_blocks_of[request.request_id])
             cached.num_computed_tokens.append(request.num_computed_tokens)
             cached.num_blocks_before.append(self.kv_cache_manager.get_num_blocks(request.request_id)
-                                            - len(new_blocks_of[request.request_id]))
+                                            - len(new_blocks_of[request.request_id][0]))
         sample_req_ids, prompt_done_req_ids = set(), set()
         state_saves = []
         for req_id, n in num_scheduled_tokens.items():
@@ -283,7 +283,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
                 prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=list(request.output_token_ids),
                 sampling_params=request.sampling_params,
-                block_ids=kv.get_block_ids(request.request_id),
+                block_ids=kv.get_group_block_ids(request.request_id),
                 num_computed_tokens=num_computed_tokens,
                 pooling_params=request.pooling_params,
                 token_type_ids=request.token_type_ids,
