@@ -407,14 +407,14 @@ class FakeRunner:
         for new in so.scheduled_new_reqs:
             assert new.req_id not in self.tokens, f"{new.req_id} arrives as new while held"
             self.tokens[new.req_id] = list(new.prompt_token_ids) + list(new.output_token_ids)
-            self.block_ids[new.req_id] = list(new.block_ids)
+            self.block_ids[new.req_id] = list(new.block_ids[0])  # the one KV cache group
             self.num_computed[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
         assert len(cached.req_ids) == len(cached.new_block_ids) == len(cached.num_computed_tokens)
         for rid, new_ids, num_computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
             assert rid in self.tokens, f"{rid} scheduled as cached but not held by the runner"
             assert self.num_computed[rid] == num_computed
-            self.block_ids[rid].extend(new_ids)
+            self.block_ids[rid].extend(new_ids[0])
         new_ids = [d.req_id for d in so.scheduled_new_reqs]
         assert len(set(new_ids)) == len(new_ids)
         assert set(new_ids).isdisjoint(cached.req_ids)

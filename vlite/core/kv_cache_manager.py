@@ -178,14 +178,13 @@ class KVCacheManager:
             stats.requests += 1
             stats.queries += request.num_tokens
             stats.hits += num_new_computed_tokens
+        for g, h in zip(self.groups, hits):  # every group's hits first: no group's new blocks may evict them
+            g.req_to_blocks.setdefault(req_id, []).extend(h)
+            self.block_pool.touch(b for b in h if b is not NULL_BLOCK)
         new = []
-        for g, h, n in zip(self.groups, hits, need):
-            req_blocks = g.req_to_blocks.setdefault(req_id, [])
-            if h:
-                self.block_pool.touch(b for b in h if b is not NULL_BLOCK)
-                req_blocks.extend(h)
+        for g, n in zip(self.groups, need):
             blocks = self.block_pool.get_new_blocks(n) if n > 0 else []
-            req_blocks.extend(blocks)
+            g.req_to_blocks[req_id].extend(blocks)
             new.append(blocks)
         if not delay_cache_blocks:
             self._cache_full_blocks(request, num_tokens)

@@ -81,7 +81,7 @@ def test_blocks_only_rejected_drafts_held_are_freed_and_runner_told():
     free_before = kv.get_num_free_blocks()
     so, _ = run_step(s, {"a": 0}, {})  # all rejected, no new drafts: tokens 0..4 need 2 blocks
     assert so.scheduled_cached_reqs.num_blocks_before == [1]
-    assert len(so.scheduled_cached_reqs.new_block_ids[0]) == 1  # the verify step took a second block
+    assert len(so.scheduled_cached_reqs.new_block_ids[0][0]) == 1  # the verify step took a second block
     assert r.num_tokens == 5 and kv.get_num_blocks("a") == 2
     assert kv.get_num_free_blocks() == free_before - 1
     # Drafts that cross into a third block: it is taken, then freed when they are all rejected.
