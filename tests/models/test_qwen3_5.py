@@ -87,3 +87,26 @@ def test_prefix_hits_restore_saved_states(folder: Path, prompt_ids: list[list[in
     there by the first run, the attention layers' blocks up to it), and generates the same tokens."""
     core, outputs = _generate_twice(folder, prompt_ids, refs, kv_cache_memory_bytes=16 * 2**20)
     assert [o.num_cached_tokens for o in outputs] == [(len(p) - 1) // 16 * 16 for p in prompt_ids]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "rejected draft"),
+    (dict(enable_lora=True), "LoRA"),
+])
+def test_refused_features_name_why(folder: Path, kwargs: dict, match: str) -> None:
+    from vlite import LLM
+
+    with pytest.raises(ValueError, match=match):
+        LLM(model=str(folder), dtype="float32", **kwargs)
+
+
+def test_kv_cache_groups_and_bench_report(folder: Path) -> None:
+    """One full-attention group and the recurrent-state group; what `vlite bench` prints of them."""
+    from vlite import LLM
+    from vlite.benchmarks.utils import hardware_report
+
+    llm = LLM(model=str(folder), dtype="float32", max_num_seqs=4, kv_cache_memory_bytes=4 * 2**20)
+    groups = hardware_report(llm.llm_engine)["kv_cache_groups"]
+    assert groups[0] == {"kind": "FullAttentionSpec", "layers": 1, "window": 0, "kv_bytes_per_token": 2 * 2 * 32 * 4}
+    assert groups[1] == {"kind": "MambaSpec", "layers": 3, "state_bytes_per_request": 3 * (128 * 3 + 4 * 16 * 16) * 4,
+                         "state_slots": 8, "cached_state_slots": 4}

@@ -136,12 +136,26 @@ def hardware_report(engine: Any) -> dict[str, Any]:
     runner = getattr(getattr(engine, "engine_core", None), "model_runner", None)
     plan = getattr(runner, "quantization", None)
     report["weights"] = plan.describe() if plan is not None else "unknown"
+    kv = getattr(engine, "kv_cache_config", None)
+    if kv is not None:
+        from vlite.core.kv_cache_interface import kv_cache_report
+
+        report["kv_cache_groups"] = kv_cache_report(kv)
+        report["kv_block_bytes"], report["num_kv_blocks"] = kv.block_bytes, kv.num_blocks
     return report
 
 
 def print_hardware(report: dict[str, Any]) -> None:
     print(f"cpu: {report['cpu']} [{' '.join(report['cpu_flags'])}]; kernels: {report['kernels']}"
           f"{' (forced by VLITE_CPU_ISA)' if report.get('forced_isa') else ''}; weights: {report['weights']}")
+    for g in report.get("kv_cache_groups", ()):
+        if "state_bytes_per_request" in g:
+            print(f"kv cache group {g['kind']}: {g['layers']} layers, {g['state_bytes_per_request']} state bytes per "
+                  f"request ({g['state_slots']} slots, {g['cached_state_slots']} for the prefix cache)")
+        else:
+            window = f", window {g['window']}" if g["window"] else ""
+            print(f"kv cache group {g['kind']}: {g['layers']} layers{window}, {g['kv_bytes_per_token']} KV bytes per "
+                  f"token")
 
 
 def spec_decoding_report(before: Any, after: Any) -> Optional[dict[str, float]]:

@@ -160,3 +160,21 @@ def num_cached_state_slots(max_num_seqs: int, enable_caching: bool) -> int:
     """States the prefix cache keeps (each a whole request's state at the last block boundary of a prompt): a
     quarter as many as requests may run, at least 4; none without prefix caching."""
     return max(4, max_num_seqs // 4) if enable_caching else 0
+
+
+def kv_cache_report(config: KVCacheConfig) -> list[dict]:
+    """Per KV cache group, what a benchmark reports: its kind, layers and window, the KV bytes one token costs
+    its layers (attention groups; a sliding group holds about window + one step's chunk of tokens), or the
+    state bytes one request holds (the recurrent-state group, whatever its length)."""
+    out = []
+    for g in config.kv_cache_groups:
+        spec = g.kv_cache_spec
+        row = {"kind": type(spec).__name__, "layers": len(g.layer_indices)}
+        if isinstance(spec, MambaSpec):
+            row.update(state_bytes_per_request=len(g.layer_indices) * spec.state_bytes,
+                       state_slots=config.num_state_slots, cached_state_slots=config.num_cached_state_slots)
+        else:
+            row.update(window=getattr(spec, "sliding_window", 0),
+                       kv_bytes_per_token=len(g.layer_indices) * spec.page_size_bytes // spec.block_size)
+        out.append(row)
+    return out

@@ -16,6 +16,7 @@ import torch
 
 from vlite.config import ParallelConfig
 from vlite.engine.arg_utils import EngineArgs
+from vlite.core.kv_cache_interface import KVCacheConfig
 from vlite.engine.core import EngineCore
 from vlite.engine.input_processor import EngineCoreRequest, InputProcessor, PromptType
 from vlite.engine.output_processor import OutputProcessor
@@ -65,6 +66,8 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.max_model_len = loaded.config.scheduler_config.max_model_len
         self.num_kv_blocks = loaded.num_kv_blocks
+        self.kv_cache_config = KVCacheConfig(loaded.num_kv_blocks, loaded.kv_cache_groups, loaded.num_state_slots,
+                                             loaded.num_cached_state_slots)
         self.input_processor = InputProcessor(self.tokenizer, self.max_model_len, loaded.arch.vocab_size,
                                               loaded.kv_capacity_tokens, tuple(sorted(eos)),
                                               _validate_structured_outputs)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
+from vlite.attention.backends import gdn_attn
 from vlite.attention.backends.gdn_attn import GDNAttentionMetadata
 from vlite.core.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, kv_cache_groups
 from vlite.attention.selector import get_attn_backend
@@ -177,6 +178,8 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         for i in arch.linear_layers:
             self.kv_caches[i] = linear_state(arch, num_state_slots, self.device)
         self.state_caches = [self.kv_caches[i] for i in arch.linear_layers]
+        if self.state_caches:
+            gdn_attn.load_kernels()
         # pooling models: hidden states -> each finished prompt's output (vlite.pooling)
         self.pooler = (Pooler(pooler_config, getattr(self.model, "classify", None))
                        if pooler_config is not None else None)

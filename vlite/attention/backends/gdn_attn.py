@@ -15,6 +15,21 @@ import torch
 
 from vlite.attention.ops import gated_delta
 
+# vlite's C++ kernels (vlite._custom_ops) where they are built with the Gated DeltaNet ops, else None (torch);
+# set by load_kernels() when a model with linear-attention layers starts.
+_kernels = None
+
+
+def load_kernels() -> None:
+    global _kernels
+    from vlite import _custom_ops
+
+    module = _custom_ops.load()
+    _kernels = module if module is not None and hasattr(module, "gated_delta_rule") else None
+
+
+def _kernel_shapes_ok(k: torch.Tensor, v: torch.Tensor) -> bool:
+    return k.shape[-1] % 16 == 0 and v.shape[-1] % 16 == 0
 
 @dataclass
 class GDNAttentionMetadata:
@@ -31,14 +46,22 @@ class GDNAttentionMetadata:
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
                   md: GDNAttentionMetadata) -> torch.Tensor:
     """silu(depthwise causal conv) of x [T, C] over each request's rows after its slot's last inputs."""
+    if _kernels is not None and x.dtype in (torch.float32, torch.bfloat16):
+        return _kernels.gdn_conv1d(x, weight, conv_state, md.state_idx, md.query_start_loc_t)
     return gated_delta.causal_conv1d(x, weight, conv_state, md.state_idx, md.query_start_loc)
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      state: torch.Tensor, md: GDNAttentionMetadata, scale: float) -> torch.Tensor:
     """[T, Hv, Dv] float32 outputs of the gated delta rule, each request's slot of `state` updated in place."""
+    if _kernels is not None and _kernel_shapes_ok(k, v) and q.dtype == k.dtype == v.dtype:
+        return _kernels.gated_delta_rule(q, k, v, g.contiguous(), beta.contiguous(), state, md.state_idx,
+                                         md.query_start_loc_t, scale)
     return gated_delta.gated_delta_rule(q, k, v, g, beta, state, md.state_idx, md.query_start_loc, scale)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [N, D] float32 RMS-normalized, times weight, times silu(gate) (Qwen3.5's gated norm, norm first)."""
+    if _kernels is not None and x.dtype == torch.float32 and x.is_contiguous() and gate.is_contiguous():
+        return _kernels.gdn_gated_rms_norm(x, gate, weight, eps)
     return gated_delta.gated_rms_norm(x, gate, weight, eps)
