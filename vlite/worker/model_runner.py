@@ -167,7 +167,7 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         groups = KVCacheConfig(num_blocks, kv_groups or kv_cache_groups(arch, block_size, 0, split_windows=False))
         # One block table per attention group; layer j of every group shares the j-th K/V buffer (a block is held
         # by one group at a time). Linear-attention layers get their (conv, delta-rule) state slots instead.
-        self.kv_group_layers = [g.layer_indices for g in groups.attention_groups]
+        self.kv_group_layers = [] if self.is_encoder else [g.layer_indices for g in groups.attention_groups]
         self.kv_group_windows = groups.group_windows
         buffers = [] if self.is_encoder else [torch.zeros(shape, dtype=dtype, device=self.device)
                                               for _ in range(groups.group_size)]
