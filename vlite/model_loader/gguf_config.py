@@ -14,6 +14,7 @@ import numpy as np
 
 from vlite.layers.rope_scaling import llama3_rope_from_factors, longrope_scaling
 from vlite.model_arch import ModelArchConfig
+from vlite.model_loader.gguf_hybrid import linear_attention_fields
 from vlite.models.registry import ModelSpec, spec_for, spec_for_gguf
 from vlite.utils import extend_ids
 
@@ -27,6 +28,11 @@ _DEFAULT_LLAMA3_ORIGINAL_CONTEXT = 8192
 # (hidden / heads) ** -0.5 for the one checkpoint of each family whose query_pre_attn_scalar is that,
 # recognised by its layer count: Gemma 2 27B (46 layers), Gemma 3 27B (62).
 _GGUF_GEMMA_HIDDEN_QUERY_SCALE = {"gemma2": 46, "gemma3": 62}
+# Mixture families vlite reads from GGUF (vlite's name -> what the file's general.architecture says), and those of
+# them with one gated shared expert (ffn_*_shexp, ffn_gate_inp_shexp).
+_GGUF_MIXTURES = {"qwen3_moe": "qwen3moe", "mixtral": "llama (Mixtral)", "qwen35moe": "qwen35moe",
+                  "qwen3next": "qwen3next"}
+_GGUF_SHARED_EXPERT = ("qwen35moe", "qwen3next")
 # What llama.cpp assumes where a family's GGUF file leaves a key out (Gemma 2 files converted before the
 # converter wrote them: the window of 4096 and the soft-caps 50 and 30 of every Gemma 2 checkpoint).
 _GGUF_UNSAID: dict[str, dict[str, Any]] = {
@@ -92,7 +98,8 @@ def arch_from_gguf_metadata(reader: Any) -> ModelArchConfig:
         extend_ids(eos, _gguf_token_ids(reader, spec.gguf_end_of_turn))
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
 
-    n_layers = int(key("block_count"))
+    # block_count also counts the multi-token-prediction blocks llama.cpp keeps after the model's (Qwen3.5)
+    n_layers = int(key("block_count")) - int(key("nextn_predict_layers", 0) or 0)
     layer_windows: tuple[int, ...] = ()
     unsaid = _GGUF_UNSAID.get(spec.name, {})
     window = int(key("attention.sliding_window", unsaid.get("sliding_window", 0)) or 0)
@@ -120,6 +127,8 @@ def arch_from_gguf_metadata(reader: Any) -> ModelArchConfig:
                 "partial_rotary_factor": rotary_dims / head_dim, **spec.features}
     nope_every = spec.gguf_nope_every
     features.update(_gguf_moe(spec, key, tensor_names, n_layers))
+    if spec.gguf_linear_attention:  # Qwen3.5 / Qwen3-Next: Gated DeltaNet layers among the attention layers
+        features.update(linear_attention_fields(arch, key, n_layers))
     return ModelArchConfig(
         architecture=spec.name,
         vocab_size=int(vocab),
@@ -145,15 +154,17 @@ def arch_from_gguf_metadata(reader: Any) -> ModelArchConfig:
 def _gguf_moe(spec: ModelSpec, key: Any, tensor_names: dict[str, Any], n_layers: int) -> dict[str, Any]:
     """The mixture-of-experts fields of a GGUF file ({} for a dense model). The mixture layers are those
     with a router tensor (ffn_gate_inp): files of models with dense layers among them (Qwen3-MoE's
-    mlp_only_layers) hold plain ffn_* tensors there. Families vlite runs only densely, and shared experts,
-    are refused by name."""
+    mlp_only_layers) hold plain ffn_* tensors there. Families vlite runs only densely, and shared experts
+    but the one gated shared expert of Qwen3.5-MoE / Qwen3-Next (expert_shared_feed_forward_length wide), are
+    refused by name."""
     n_experts = int(key("expert_count") or 0)
     if not n_experts:
         return {}
-    if spec.name not in ("qwen3_moe", "mixtral"):
+    if spec.name not in _GGUF_MIXTURES:
         raise ValueError(f"{spec.gguf_name or spec.name} GGUF files with experts (mixtures of experts) are not "
-                         f"supported; GGUF mixtures vlite reads: qwen3moe, llama (Mixtral)")
-    if key("expert_shared_count"):
+                         f"supported; GGUF mixtures vlite reads: {', '.join(_GGUF_MIXTURES.values())}")
+    shared = int(key("expert_shared_feed_forward_length") or 0) if spec.name in _GGUF_SHARED_EXPERT else 0
+    if key("expert_shared_count") not in (None, 0, 1 if shared else 0):
         raise ValueError(f"GGUF file with shared experts (expert_shared_count={key('expert_shared_count')}): "
                          f"not supported")
     norm = key("expert_weights_norm")
@@ -161,7 +172,8 @@ def _gguf_moe(spec: ModelSpec, key: Any, tensor_names: dict[str, Any], n_layers:
             "moe_intermediate_size": int(key("expert_feed_forward_length") or key("feed_forward_length")),
             "norm_topk_prob": bool(spec.features.get("norm_topk_prob", spec.defaults.get("norm_topk_prob", False))
                                    if norm is None else norm),
-            "moe_layers": tuple(i for i in range(n_layers) if f"blk.{i}.ffn_gate_inp.weight" in tensor_names)}
+            "moe_layers": tuple(i for i in range(n_layers) if f"blk.{i}.ffn_gate_inp.weight" in tensor_names),
+            **({"shared_expert_intermediate_size": shared} if shared else {})}
 
 
 def _field(reader: Any, name: str, default: Any = None) -> Any:

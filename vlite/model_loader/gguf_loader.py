@@ -20,6 +20,7 @@ import torch
 from vlite.layers import weight_arena
 from vlite.layers.packed import PackedTensors
 from vlite.model_arch import ModelArchConfig, expected_weight_names
+from vlite.model_loader import gguf_hybrid
 from vlite.model_loader.gguf_config import arch_from_gguf_metadata
 from vlite.model_loader.gguf_quants import DENSE_TYPES, SUPPORTED_TYPES, to_packed
 from vlite.model_loader.gguf_reader import GGUFReader
@@ -50,9 +51,13 @@ _GLOBAL_NAMES = {
 # the config).
 _SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
-# A mixture layer's experts, stacked [experts, rows, K]: gate, up and down in the order of expert_names.
-_EXPERTS_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+# A mixture layer's experts, stacked [experts, rows, K]: gate, up and down in the order of expert_names
+# (gate_up: gate's rows then up's, llama.cpp's --fuse-gate-up-exps).
+_EXPERTS_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.weight$")
 _EXPERT_PARTS = ("gate", "up", "down")
+# One-row weights the models read as dense [1, K] tensors whatever the file's type (a quantizer may pack them;
+# llama-quantize writes them 1-D, without the trailing dim of 1): the shared expert's gate.
+_DENSE_ROWS = (".shared_expert_gate.weight",)
 
 
 def gguf_to_hf_name(name: str, layer_names: dict[str, str] | None = None) -> str | None:
@@ -101,18 +106,33 @@ def gguf_arch(path: Path, reader: Any = None) -> ModelArchConfig:
     """The file's config, with the type of its linear weights, read from the header alone (no tensor data)."""
     reader = reader or open_gguf(path)
     config = arch_from_gguf_metadata(reader)
-    layer_names = {**spec_for(config.architecture).gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
+    spec = spec_for(config.architecture)
+    layer_names = {**spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
+    if spec.gguf_linear_attention:  # the layer pattern and DeltaNet shapes against the tensor records
+        arch = reader.fields["general.architecture"].contents()
+        shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
+        try:
+            gguf_hybrid.check_tensors(config, arch, lambda k, d=None: _metadata(reader, f"{arch}.{k}", d), shapes)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
     linear_types = set()
     for t in reader.tensors:
         if t.name in _SKIPPED:
             continue
         hf_name = gguf_to_hf_name(t.name, layer_names)
-        if (_EXPERTS_RE.match(t.name) and config.num_experts) or (hf_name or "").endswith("_proj.weight"):
+        block = gguf_hybrid.block_of(t.name)
+        if ((_EXPERTS_RE.match(t.name) and config.num_experts) or (hf_name or "").endswith("_proj.weight")
+                or (config.linear_layers and block is not None and block[1] in gguf_hybrid.LINEAR_MATRICES)):
             linear_types.add(t.tensor_type.name)
     if linear_types:
         config = dataclasses.replace(
             config, source_quantization=linear_types.pop() if len(linear_types) == 1 else "mixed")
     return config
+
+
+def _metadata(reader: Any, name: str, default: Any = None) -> Any:
+    field = reader.fields.get(name)
+    return default if field is None else field.contents()
 
 
 def iter_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, Iterator[tuple[str, Weight]]]:
@@ -129,23 +149,38 @@ def _gguf_tensors(path: Path, reader: Any, config: ModelArchConfig, dtype: torch
     spec = spec_for(config.architecture)
     permuted = spec.gguf_qk_permuted
     layer_names = {**spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
+    linear = set(config.linear_layers)
     for t in reader.tensors:
         if t.name in _SKIPPED:
             continue
+        block = gguf_hybrid.block_of(t.name)
+        if block is not None and block[0] >= config.num_hidden_layers and spec.gguf_linear_attention:
+            continue  # a multi-token-prediction block after the model's layers (nextn_predict_layers)
         experts = _EXPERTS_RE.match(t.name)
         if experts and config.num_experts:
             yield from _split_experts(path, t, config, int(experts.group(1)), experts.group(2), dtype).items()
             continue
+        # GGUF lists dims fastest-first; numpy (row-major) wants them reversed.
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if block is not None and spec.gguf_linear_attention and (
+                (block[0] in linear and block[1] in gguf_hybrid.LINEAR_TENSORS) or block[1] == "attn_qkv.weight"):
+            value = _packed_or_dense(path, t.name, t.data, t.tensor_type, shape)
+            parts = (gguf_hybrid.linear_tensors(config, spec.gguf_linear_attention == "tiled", *block, value)
+                     if block[0] in linear else gguf_hybrid.attention_qkv(config, block[0], value))
+            for hf_name, part in parts:
+                yield hf_name, part if isinstance(part, PackedTensors) else _to_torch(part, dtype)
+            continue
         hf_name = gguf_to_hf_name(t.name, layer_names)
         if hf_name is None:
             raise ValueError(f"{path}: unexpected tensor {t.name!r} for a {config.architecture} GGUF file")
-        # GGUF lists dims fastest-first; numpy (row-major) wants them reversed.
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         n_head = None
         if permuted:  # rows back from llama.cpp's interleaved-rotary order
             n_head = (config.num_attention_heads if ".self_attn.q_proj." in hf_name else
                       config.num_key_value_heads if ".self_attn.k_proj." in hf_name else None)
         value = _packed_or_dense(path, t.name, t.data, t.tensor_type, shape)
+        if hf_name.endswith(_DENSE_ROWS):
+            value = value.dequantize(torch.float32).numpy() if isinstance(value, PackedTensors) else value
+            value = value.reshape(1, -1)
         if isinstance(value, PackedTensors):
             if n_head is not None:  # rows are independent in the packed layout: reorder them
                 value = value.rows(torch.from_numpy(unpermute_qk(np.arange(shape[0]), n_head)))
@@ -154,8 +189,8 @@ def _gguf_tensors(path: Path, reader: Any, config: ModelArchConfig, dtype: torch
         if n_head is not None:
             value = unpermute_qk(value, n_head)
         if config.norm_unit_offset and hf_name.endswith("norm.weight"):
-            # llama.cpp's converter stores Gemma's RMSNorm weights with the 1 of (1 + weight) added
-            # (ggml multiplies by the weight as is); back to the checkpoint's meaning
+            # llama.cpp's converter stores Gemma's (and Qwen3.5's) RMSNorm weights with the 1 of (1 + weight)
+            # added (ggml multiplies by the weight as is); back to the checkpoint's meaning
             value = value.astype(np.float64) - 1.0
         yield hf_name, _to_torch(value, dtype)
 
@@ -163,16 +198,25 @@ def _gguf_tensors(path: Path, reader: Any, config: ModelArchConfig, dtype: torch
 def _split_experts(path: Path, t: Any, config: ModelArchConfig, layer: int, part: str,
                    dtype: torch.dtype) -> dict[str, Weight]:
     """One stacked expert tensor [experts, rows, K] -> each expert's 2-D weight under the checkpoint's
-    name; quantized ones stay in their blocks (each expert's rows are whole blocks of the stack)."""
+    name; quantized ones stay in their blocks (each expert's rows are whole blocks of the stack). A fused
+    gate_up stack holds each expert's gate rows, then its up rows."""
     e_count, rows, k = (int(d) for d in reversed(t.shape.tolist()))
     if e_count != config.num_experts:
         raise ValueError(f"{path}: tensor {t.name!r} holds {e_count} experts, the metadata says {config.num_experts}")
-    name = config.expert_names[_EXPERT_PARTS.index(part)]
+    parts = ("gate", "up") if part == "gate_up" else (part,)
+    if rows % len(parts):
+        raise ValueError(f"{path}: tensor {t.name!r} has {rows} rows per expert, not gate's and up's alike")
+    n = rows // len(parts)
+    names = [config.expert_names[_EXPERT_PARTS.index(p)] for p in parts]
     out: dict[str, Weight] = {}
     for e in range(e_count):
-        hf_name = f"model.layers.{layer}.{config.moe_prefix}.experts.{e}.{name}.weight"
         value = _packed_or_dense(path, t.name, t.data[e], t.tensor_type, (rows, k))
-        out[hf_name] = value if isinstance(value, PackedTensors) else _to_torch(value, dtype)
+        for j, name in enumerate(names):
+            hf_name = f"model.layers.{layer}.{config.moe_prefix}.experts.{e}.{name}.weight"
+            if isinstance(value, PackedTensors):
+                out[hf_name] = value if len(parts) == 1 else value.rows(torch.arange(j * n, (j + 1) * n))
+            else:
+                out[hf_name] = _to_torch(value[j * n:(j + 1) * n], dtype)
     return out
 
 
@@ -222,7 +266,8 @@ def _check_shapes(path: Path, config: ModelArchConfig, weights: dict[str, Weight
     q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     expected = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "lm_head.weight": (c.vocab_size,
                                                                                                  c.hidden_size)}
-    by_suffix = {".self_attn.q_proj.weight": (q_out, c.hidden_size),
+    q_rows = 2 * q_out if c.attn_output_gate else q_out  # Qwen3.5: each head's query, then its output gate
+    by_suffix = {".self_attn.q_proj.weight": (q_rows, c.hidden_size),
                  ".self_attn.k_proj.weight": (kv_out, c.hidden_size),
                  ".self_attn.v_proj.weight": (kv_out, c.hidden_size),
                  ".self_attn.o_proj.weight": (c.hidden_size, q_out),

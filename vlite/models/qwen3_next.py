@@ -13,7 +13,10 @@ from vlite.models.qwen3_5 import Qwen3_5ForCausalLM
 
 
 def ungroup_projections(cfg: ModelArchConfig, weights: Weights) -> Weights:
-    """The checkpoint's grouped in_proj_qkvz / in_proj_ba as Qwen3.5's in_proj_qkv, _z, _b, _a (dense weights)."""
+    """The checkpoint's grouped in_proj_qkvz / in_proj_ba as Qwen3.5's in_proj_qkv, _z, _b, _a (dense weights). A
+    GGUF file's come ungrouped already (linear_grouped_projections false; vlite/model_loader/gguf_hybrid.py)."""
+    if not cfg.linear_grouped_projections:
+        return weights
     out = dict(weights)
     hk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     per = cfg.linear_num_value_heads // hk  # value heads per key head

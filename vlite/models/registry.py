@@ -48,6 +48,10 @@ class ModelSpec:
     gguf_nope_every: int = 0
     # GGUF: the file's general.architecture where llama.cpp names the family differently ("qwen3moe").
     gguf_name: str = ""
+    # GGUF: Gated DeltaNet layers among the attention layers, their tensors and metadata as llama.cpp writes them
+    # (vlite/model_loader/gguf_hybrid.py); "tiled": their value heads in ggml's broadcast order (Qwen3.5), "hf":
+    # in the checkpoint's order (Qwen3-Next).
+    gguf_linear_attention: str = ""
     # Hugging Face checkpoints: stored-name prefixes renamed (a multimodal checkpoint's text model,
     # "model.language_model." -> "model.") and prefixes of tensors the text model does not use (its vision
     # tower, multi-token-prediction layers), skipped.
@@ -66,6 +70,10 @@ _GEMMA = {"hidden_act": "gelu_pytorch_tanh", "norm_unit_offset": True, "sandwich
 # RMSNorm but the DeltaNet's gated one scaling by (1 + weight), per-head q/k norms, a quarter of each head rotated.
 _QWEN3_5 = {"qk_norm": True, "norm_unit_offset": True, "attn_output_gate": True, "mlp_bias": False}
 _QWEN3_5_TEXT = dict(hf_renames=(("model.language_model.", "model."),), hf_skipped=("model.visual.", "mtp."))
+# Their GGUF names beside the common ones: the pre-MLP norm, the shared expert (the DeltaNet's: gguf_hybrid.py).
+_QWEN3_5_GGUF_NAMES = {"post_attention_norm": "post_attention_layernorm",
+                       "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                       "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
 
 _ENCODER = {"is_causal": False}
 _ROBERTA = {**_ENCODER, "roberta_positions": True}  # position ids from padding_idx + 1 (encoder_config)
@@ -102,15 +110,15 @@ _SPECS = (
               features={"qk_norm": True, "mlp_bias": False}, defaults={"norm_topk_prob": True}, gguf_name="qwen3moe"),
     # Qwen3.5 (dense, and the MoE with a gated shared expert), the text model of their image-text checkpoints
     # too; Qwen3-Next fuses the DeltaNet's input projections per key-head group (vlite/models/qwen3_next.py).
-    # Hugging Face folders so far (GGUF qwen35 / qwen35moe / qwen3next files: not yet).
+    # GGUF (llama.cpp's qwen35 / qwen35moe / qwen3next): vlite/model_loader/gguf_hybrid.py.
     ModelSpec("qwen35", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"), "vlite.models.qwen3_5:Qwen3_5ForCausalLM",
-              gguf=False, features=_QWEN3_5, **_QWEN3_5_TEXT),
+              features=_QWEN3_5, gguf_layer_names=_QWEN3_5_GGUF_NAMES, gguf_linear_attention="tiled", **_QWEN3_5_TEXT),
     ModelSpec("qwen35moe", ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),
-              "vlite.models.qwen3_5:Qwen3_5ForCausalLM", gguf=False, features={**_QWEN3_5, "norm_topk_prob": True},
-              **_QWEN3_5_TEXT),
-    ModelSpec("qwen3next", ("Qwen3NextForCausalLM",), "vlite.models.qwen3_next:Qwen3NextForCausalLM", gguf=False,
+              "vlite.models.qwen3_5:Qwen3_5ForCausalLM", features={**_QWEN3_5, "norm_topk_prob": True},
+              gguf_layer_names=_QWEN3_5_GGUF_NAMES, gguf_linear_attention="tiled", **_QWEN3_5_TEXT),
+    ModelSpec("qwen3next", ("Qwen3NextForCausalLM",), "vlite.models.qwen3_next:Qwen3NextForCausalLM",
               features={**_QWEN3_5, "linear_grouped_projections": True}, defaults={"norm_topk_prob": True},
-              hf_skipped=("mtp.",)),
+              hf_skipped=("mtp.",), gguf_layer_names=_QWEN3_5_GGUF_NAMES, gguf_linear_attention="hf"),
     ModelSpec("olmoe", ("OlmoeForCausalLM",), "vlite.models.olmoe:OlmoeForCausalLM", gguf=False,
               features={"qk_norm": True, "qk_norm_full": True, "mlp_bias": False}),
     ModelSpec("mixtral", ("MixtralForCausalLM",), "vlite.models.mixtral:MixtralForCausalLM", gguf=False,
