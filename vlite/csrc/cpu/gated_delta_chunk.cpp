@@ -116,6 +116,16 @@ struct Inputs {
     const Vec16 mv = Vec16::set1(m);
     for (int64_t i = 0; i < Dk; i += 16) (Vec16::load(dst + i) * mv).store(dst + i);
   }
+  void prefetch(int64_t t, int64_t h) const {
+    const char* pq = reinterpret_cast<const char*>(q + t * sq0 + h / (Hv / Hk) * sq1);
+    const char* pk = reinterpret_cast<const char*>(k + t * sk0 + h / (Hv / Hk) * sk1);
+    const char* pv = reinterpret_cast<const char*>(v + t * sv0 + h * sv1);
+    for (int64_t o = 0; o < Dk * (int64_t)sizeof(T); o += 64) {
+      __builtin_prefetch(pq + o);
+      __builtin_prefetch(pk + o);
+    }
+    for (int64_t o = 0; o < Dv * (int64_t)sizeof(T); o += 64) __builtin_prefetch(pv + o);
+  }
   void load_v(int64_t t, int64_t h, float* vd) const {
     const T* src = v + t * sv0 + h * sv1;
     for (int64_t i = 0; i < Dv; i += 16) Vec16::load(src + i).store(vd + i);
@@ -129,58 +139,84 @@ inline float* scratch(int64_t floats) {
   return buffer.data();
 }
 
-// The recurrence for tokens t0 .. t0+n-1 of value head h from state S [Dk, Dv], in place.
-// Per token two passes over S: S^T k and S^T q together, then S = Gamma S + k delta^T.
+#if defined(VLITE_AVX512)
+constexpr int kTile = 2;  // Vec16s of columns a pass over S keeps in flight: 4 sums of 4-cycle FMAs
+#else
+constexpr int kTile = 1;  // AVX2: a Vec16 is 2 registers already
+#endif
+
+// Columns c0 .. c0 + 16 CT of one pass over S [Dk, Dv], rows in order (the same sums, in the same order,
+// in every form): where delta is given, S = decay S + k delta^T first (the update of the token before);
+// where k2 is given, ks = S^T k2 and qs = S^T q2 of the (updated) S (the next token's reads).
+template <int CT>
+inline void recurrent_tile(float* S, int64_t Dk, int64_t Dv, int64_t c0, const float* delta, float decay,
+                           const float* k, const float* k2, const float* q2, float* ks, float* qs) {
+  Vec16 d[CT], ak[CT], aq[CT];
+  for (int c = 0; c < CT; ++c) {
+    ak[c] = aq[c] = Vec16::zero();
+    if (delta != nullptr) d[c] = Vec16::load(delta + c0 + 16 * c);
+  }
+  const Vec16 dv = Vec16::set1(decay);
+  for (int64_t a = 0; a < Dk; ++a) {
+    float* s = S + a * Dv + c0;
+    Vec16 x[CT];
+    for (int c = 0; c < CT; ++c) x[c] = Vec16::load(s + 16 * c);
+    if (delta != nullptr) {
+      const Vec16 ka = Vec16::set1(k[a]);
+      for (int c = 0; c < CT; ++c) {
+        x[c] = fmadd(ka, d[c], dv * x[c]);
+        x[c].store(s + 16 * c);
+      }
+    }
+    if (k2 != nullptr) {
+      const Vec16 kb = Vec16::set1(k2[a]), qb = Vec16::set1(q2[a]);
+      for (int c = 0; c < CT; ++c) {
+        ak[c] = fmadd(kb, x[c], ak[c]);
+        aq[c] = fmadd(qb, x[c], aq[c]);
+      }
+    }
+  }
+  if (k2 != nullptr)
+    for (int c = 0; c < CT; ++c) {
+      ak[c].store(ks + c0 + 16 * c);
+      aq[c].store(qs + c0 + 16 * c);
+    }
+}
+
+inline void recurrent_pass(float* S, int64_t Dk, int64_t Dv, const float* delta, float decay, const float* k,
+                           const float* k2, const float* q2, float* ks, float* qs) {
+  int64_t c0 = 0;
+  for (; c0 + 16 * kTile <= Dv; c0 += 16 * kTile)
+    recurrent_tile<kTile>(S, Dk, Dv, c0, delta, decay, k, k2, q2, ks, qs);
+  for (; c0 < Dv; c0 += 16) recurrent_tile<1>(S, Dk, Dv, c0, delta, decay, k, k2, q2, ks, qs);
+}
+
+// The recurrence for tokens t0 .. t0+n-1 of value head h from state S [Dk, Dv], in place: one pass over S
+// a token (n + 1 in all), each applying one token's update and computing the next token's S^T k, S^T q.
 template <typename T>
 void recurrent(const Inputs<T>& in, int64_t h, int64_t t0, int64_t n, float* S) {
   const int64_t Dk = in.Dk, Dv = in.Dv;
-  float* qb = scratch(2 * Dk + 3 * Dv);
-  float *kb = qb + Dk, *vb = kb + Dk, *ks = vb + Dv, *qs = ks + Dv;
-  for (int64_t t = t0; t < t0 + n; ++t) {
-    in.load_qk(t, h, qb, kb);
+  float* qb = scratch(4 * Dk + 4 * Dv);
+  float *kb = qb + 2 * Dk, *vb = kb + 2 * Dk, *ks = vb + Dv, *qs = ks + Dv, *delta = qs + Dv;
+  in.load_qk(t0, h, qb, kb);
+  recurrent_pass(S, Dk, Dv, nullptr, 1.f, nullptr, kb, qb, ks, qs);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = t0 + i, cur = (i % 2) * Dk, nxt = Dk - cur;
     in.load_v(t, h, vb);
     const float decay = std::exp(in.g[t * in.Hv + h]), beta = in.beta[t * in.Hv + h];
-    int64_t c0 = 0;
-    for (; c0 + 32 <= Dv; c0 += 32) {  // S^T k, S^T q: 32 columns a pass, 4 independent sums each
-      Vec16 ak0 = Vec16::zero(), ak1 = Vec16::zero(), aq0 = Vec16::zero(), aq1 = Vec16::zero();
-      for (int64_t a = 0; a < Dk; ++a) {
-        const Vec16 s0 = Vec16::load(S + a * Dv + c0), s1 = Vec16::load(S + a * Dv + c0 + 16);
-        const Vec16 kv = Vec16::set1(kb[a]), qv = Vec16::set1(qb[a]);
-        ak0 = fmadd(kv, s0, ak0);
-        ak1 = fmadd(kv, s1, ak1);
-        aq0 = fmadd(qv, s0, aq0);
-        aq1 = fmadd(qv, s1, aq1);
-      }
-      ak0.store(ks + c0);
-      ak1.store(ks + c0 + 16);
-      aq0.store(qs + c0);
-      aq1.store(qs + c0 + 16);
-    }
-    for (; c0 < Dv; c0 += 16) {
-      Vec16 ak = Vec16::zero(), aq = Vec16::zero();
-      for (int64_t a = 0; a < Dk; ++a) {
-        const Vec16 s = Vec16::load(S + a * Dv + c0);
-        ak = fmadd(Vec16::set1(kb[a]), s, ak);
-        aq = fmadd(Vec16::set1(qb[a]), s, aq);
-      }
-      ak.store(ks + c0);
-      aq.store(qs + c0);
-    }
     Vec16 qk = Vec16::zero();
-    for (int64_t a = 0; a < Dk; a += 16) qk = fmadd(Vec16::load(qb + a), Vec16::load(kb + a), qk);
-    // delta = beta (v - Gamma S^T k) (kept in ks); out = Gamma S^T q + (q.k) delta = (S')^T q
+    for (int64_t a = 0; a < Dk; a += 16) qk = fmadd(Vec16::load(qb + cur + a), Vec16::load(kb + cur + a), qk);
+    // delta = beta (v - decay S^T k); out = decay S^T q + (q.k) delta (= the updated S^T q)
     const Vec16 dv = Vec16::set1(decay), bv = Vec16::set1(beta), qkv = Vec16::set1(qk.sum());
     float* o = in.out + (t * in.Hv + h) * Dv;
     for (int64_t c = 0; c < Dv; c += 16) {
-      const Vec16 delta = bv * (Vec16::load(vb + c) - dv * Vec16::load(ks + c));
-      delta.store(ks + c);
-      fmadd(qkv, delta, dv * Vec16::load(qs + c)).store(o + c);
+      const Vec16 d = bv * (Vec16::load(vb + c) - dv * Vec16::load(ks + c));
+      d.store(delta + c);
+      fmadd(qkv, d, dv * Vec16::load(qs + c)).store(o + c);
     }
-    for (int64_t a = 0; a < Dk; ++a) {
-      const Vec16 ka = Vec16::set1(kb[a]);
-      float* s = S + a * Dv;
-      for (int64_t c = 0; c < Dv; c += 16) fmadd(ka, Vec16::load(ks + c), dv * Vec16::load(s + c)).store(s + c);
-    }
+    const bool more = i + 1 < n;
+    if (more) in.load_qk(t + 1, h, qb + nxt, kb + nxt);
+    recurrent_pass(S, Dk, Dv, delta, decay, kb + cur, more ? kb + nxt : nullptr, qb + nxt, ks, qs);
   }
 }
 
@@ -209,14 +245,15 @@ void chunk(const Inputs<T>& in, int64_t h, int64_t t0, int64_t n, float* S) {
 
   float acc = 0.f;
   for (int64_t i = 0; i < n; ++i) {
+    if (i + 8 < n) in.prefetch(t0 + i + 8, h);  // rows a head's size apart: a prefetcher's miss
     in.load_qk(t0 + i, h, KQ + (n + i) * Dk, KQ + i * Dk);
     in.load_v(t0 + i, h, V + i * Dv);
     acc += in.g[(t0 + i) * in.Hv + h];
     b[i] = acc;
-    gam[i] = std::exp(acc);
     beta[i] = in.beta[(t0 + i) * in.Hv + h];
   }
   for (int64_t i = n; i < N16; ++i) b[i] = acc;
+  for (int64_t i = 0; i < N16; i += 16) vexp(Vec16::load(b + i)).store(gam + i);
   for (int64_t a = 0; a < Dk; ++a) {
     float* row = KT + a * kChunk;
     for (int64_t j = 0; j < n; ++j) row[j] = KQ[j * Dk + a];
@@ -263,7 +300,8 @@ void chunk(const Inputs<T>& in, int64_t h, int64_t t0, int64_t n, float* S) {
   }
   matmul(G + kChunk * kChunk, kChunk, U, Dv, out, ldo, n, Dv, n, true, 1.f, all_rows, tri);
   // S = Gamma_{n-1} S0 + sum_j exp(b_{n-1} - b_j) k_j u_j^T
-  for (int64_t j = 0; j < n; ++j) e[j] = std::exp(b[n - 1] - b[j]);
+  const Vec16 last = Vec16::set1(b[n - 1]);
+  for (int64_t j = 0; j < n; j += 16) vexp(last - Vec16::load(b + j)).store(e + j);
   for (int64_t a = 0; a < Dk; ++a)
     for (int64_t j = 0; j < n; ++j) KT[a * kChunk + j] *= e[j];
   matmul(KT, kChunk, U, Dv, S, Dv, Dk, Dv, n, true, gam[n - 1]);
