@@ -268,8 +268,8 @@ void chunk(const Inputs<T>& in, int64_t h, int64_t t0, int64_t n, float* S) {
   // T = (I + M)^-1 row by row (T_i = e_i - sum_{j<i} M_ij T_j); P_ij = exp(b_i - b_j) (q_i.k_j) into G's rows
   for (int64_t i = 0; i < n; ++i) {
     const Vec16 bi = Vec16::set1(b[i]);
-    for (int64_t j = 0; j <= i; j += 16)  // exp(min(b_i - b_j, 0)): j > i are masked below
-      vexp(Vec16::zero() - vmax(Vec16::load(b + j) - bi, Vec16::zero())).store(e + j);
+    for (int64_t j = 0; j <= i; j += 16)  // exp(b_i - b_j), read for j <= i only (past it: anything)
+      vexp(bi - Vec16::load(b + j)).store(e + j);
     const float* gk = G + i * kChunk;
     float* p = G + (kChunk + i) * kChunk;
     for (int64_t j = 0; j < i; ++j) m[j] = beta[i] * e[j] * gk[j];
