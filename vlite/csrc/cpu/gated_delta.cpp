@@ -52,60 +52,75 @@ inline Vec16 silu(Vec16 x) {
   return x * select_ge0(x, s, one - s);
 }
 
-// One block of (up to) 16 channels c0.. of every request (L < 16: the last channels, through a
-// padded copy). y = state ++ x per channel; out[t] = silu(sum_j w[j] y[t + j]); state = y's last K-1.
-template <typename T>
-void conv_block(const T* x, int64_t sx, const float* w, float* state, T* out, int64_t so, const int64_t* qsl,
-                const int64_t* slots, int64_t R, int64_t C, int64_t K, int64_t c0, int64_t L, float* buf) {
-  float* wl = buf;               // [K, 16]
-  float* hist = wl + K * 16;     // [K-1, 16]: the request's previous inputs
-  float* tail = hist + K * 16;   // [K, 16]: a partial block's inputs / outputs
-  for (int64_t j = 0; j < K; ++j)
-    for (int64_t l = 0; l < 16; ++l) wl[j * 16 + l] = l < L ? w[(c0 + l) * K + j] : 0.f;
-  const auto row = [&](int64_t t) -> Vec16 {  // x[t, c0:c0+16] as floats
-    if (L == 16) return Vec16::load(x + t * sx + c0);
-    for (int64_t l = 0; l < 16; ++l) tail[l] = l < L ? to_float(x[t * sx + c0 + l]) : 0.f;
+// Channels c0 .. c0+L-1 (L <= kConvChannels) of every request: y = state ++ x per channel, out[t] =
+// silu(sum_j w[j] y[t + j]), state = y's last K-1. A token's L inputs are read together (a row's 1 KiB, not
+// one cache line a row 32 KiB apart: 512 tokens x 8192 channels 6.7 -> 2.2 ms); the weights and the state,
+// channel-major ([C, K], [S, C, K-1]), are transposed to [K, L] and [K-1, L] first (KK: K at compile time,
+// the deinterleave then vectorized; 0: any K).
+constexpr int64_t kConvChannels = 256;
+
+template <typename T, int KK>
+void conv_channels(const T* x, int64_t sx, const float* w, float* state, T* out, int64_t so, const int64_t* qsl,
+                   const int64_t* slots, int64_t R, int64_t C, int64_t K_, int64_t c0, int64_t L, float* buf) {
+  const int64_t K = KK > 0 ? KK : K_, H = K - 1, LP = (L + 15) / 16 * 16, full = L / 16 * 16;
+  float* wt = buf;            // [K, LP]
+  float* hist = wt + K * LP;  // [K-1, LP]: the request's previous inputs
+  float* tail = hist + K * LP;  // 16: a partial vector's inputs / outputs
+  for (int64_t l = 0; l < LP; ++l)
+    for (int64_t j = 0; j < K; ++j) wt[j * LP + l] = l < L ? w[(c0 + l) * K + j] : 0.f;
+  const auto xrow = [&](int64_t t, int64_t v) -> Vec16 {  // x[t, c0+v : c0+v+16] as floats
+    const T* p = x + t * sx + c0 + v;
+    if (v < full) return Vec16::load(p);
+    for (int64_t l = 0; l < 16; ++l) tail[l] = v + l < L ? to_float(p[l]) : 0.f;
     return Vec16::load(tail);
   };
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t0 = qsl[r], n = qsl[r + 1] - t0;
     if (n == 0) continue;
-    float* st = state + slots[r] * C * (K - 1);
-    for (int64_t j = 0; j < K - 1; ++j)
-      for (int64_t l = 0; l < 16; ++l) hist[j * 16 + l] = l < L ? st[(c0 + l) * (K - 1) + j] : 0.f;
-    const auto y = [&](int64_t i) { return i < K - 1 ? Vec16::load(hist + i * 16) : row(t0 + i - (K - 1)); };
+    float* st = state + slots[r] * C * H + c0 * H;
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t j = 0; j < H; ++j) hist[j * LP + l] = st[l * H + j];
+    for (int64_t j = 0; j < H; ++j)
+      for (int64_t l = L; l < LP; ++l) hist[j * LP + l] = 0.f;
+    const auto y = [&](int64_t i, int64_t v) { return i < H ? Vec16::load(hist + i * LP + v) : xrow(t0 + i - H, v); };
     for (int64_t t = 0; t < n; ++t) {
-      Vec16 acc = Vec16::zero();
-      for (int64_t j = 0; j < K; ++j) acc = fmadd(Vec16::load(wl + j * 16), y(t + j), acc);
-      if (L == 16) {
-        store16(out + (t0 + t) * so + c0, silu(acc));
-      } else {
-        silu(acc).store(tail);
-        for (int64_t l = 0; l < L; ++l) out[(t0 + t) * so + c0 + l] = static_cast<T>(tail[l]);
+      T* o = out + (t0 + t) * so + c0;
+      for (int64_t v = 0; v < LP; v += 16) {
+        Vec16 acc = Vec16::zero();
+        for (int64_t j = 0; j < K; ++j) acc = fmadd(Vec16::load(wt + j * LP + v), y(t + j, v), acc);
+        if (v < full) {
+          store16(o + v, silu(acc));
+        } else {
+          silu(acc).store(tail);
+          for (int64_t l = 0; v + l < L; ++l) o[v + l] = static_cast<T>(tail[l]);
+        }
       }
     }
-    float keep[16];
-    for (int64_t j = 0; j < K - 1; ++j) {  // the last K-1 of y: y[n + j]
-      y(n + j).store(keep);
-      for (int64_t l = 0; l < L; ++l) st[(c0 + l) * (K - 1) + j] = keep[l];
-    }
+    // the last K-1 of y, y[n + j]: from the old state where n < K-1, else inputs
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t j = 0; j < H; ++j)
+        st[l * H + j] = n + j < H ? hist[(n + j) * LP + l] : to_float(x[(t0 + n + j - H) * sx + c0 + l]);
   }
 }
 
 template <typename T>
 void conv_impl(const at::Tensor& x, const at::Tensor& weight, at::Tensor& state, at::Tensor& out,
                const std::vector<int64_t>& qsl, const std::vector<int64_t>& slots) {
-  const int64_t T_ = x.size(0), C = x.size(1), K = weight.size(1), R = slots.size(), blocks = (C + 15) / 16;
+  const int64_t C = x.size(1), K = weight.size(1), R = slots.size(), parts = (C + kConvChannels - 1) / kConvChannels;
   const T* xp = x.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const float* w = weight.data_ptr<float>();
   float* sp = state.data_ptr<float>();
   const int64_t sx = x.stride(0), so = out.stride(0);
-  at::parallel_for(0, blocks, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, T_ * K)), [&](int64_t b0, int64_t b1) {
-    std::vector<float> buf(3 * K * 16);
-    for (int64_t blk = b0; blk < b1; ++blk)
-      conv_block(xp, sx, w, sp, op, so, qsl.data(), slots.data(), R, C, K, blk * 16,
-                 std::min<int64_t>(16, C - blk * 16), buf.data());
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> buf((2 * K - 1) * kConvChannels + 16);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t c0 = p * kConvChannels, L = std::min(kConvChannels, C - c0);
+      if (K == 4)
+        conv_channels<T, 4>(xp, sx, w, sp, op, so, qsl.data(), slots.data(), R, C, K, c0, L, buf.data());
+      else
+        conv_channels<T, 0>(xp, sx, w, sp, op, so, qsl.data(), slots.data(), R, C, K, c0, L, buf.data());
+    }
   });
 }
 
