@@ -54,9 +54,10 @@ inline Vec16 silu(Vec16 x) {
 
 // Channels c0 .. c0+L-1 (L <= kConvChannels) of every request: y = state ++ x per channel, out[t] =
 // silu(sum_j w[j] y[t + j]), state = y's last K-1. A token's L inputs are read together (a row's 1 KiB, not
-// one cache line a row 32 KiB apart: 512 tokens x 8192 channels 6.7 -> 2.2 ms); the weights and the state,
-// channel-major ([C, K], [S, C, K-1]), are transposed to [K, L] and [K-1, L] first (KK: K at compile time,
-// the deinterleave then vectorized; 0: any K).
+// one cache line a row 32 KiB apart); the weights and the state, channel-major ([C, K], [S, C, K-1]), are
+// transposed to [K, L] and [K-1, L] once a request (KK: K at compile time, the deinterleave then vectorized;
+// 0: any K). Against 16 channels a task, AVX2, 2 threads: 512 tokens x 8192 channels 2.93 -> 2.08 ms,
+// a decode step of 16 requests 272 -> 112 us.
 constexpr int64_t kConvChannels = 256;
 
 template <typename T, int KK>
