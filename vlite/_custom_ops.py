@@ -32,7 +32,8 @@ ISAS = ("avx512", "avx2", "portable")  # best first
 _CSRC = Path(__file__).parent / "csrc" / "cpu"
 _SOURCES = ("bindings.cpp", "quant_linear.cpp", "attention_chunk.cpp", "decode_attention.cpp", "layer_ops.cpp",
             "decode_layer.cpp", "vec.h", "compact_blocks.h", "gguf_tiles.cpp", "memory_bandwidth.cpp",
-            "dense_linear.cpp", "ops.h", "lora.cpp", "cascade_attention.cpp", "prefill_attention.cpp")
+            "dense_linear.cpp", "ops.h", "lora.cpp", "cascade_attention.cpp", "prefill_attention.cpp",
+            "gated_delta_chunk.cpp", "gated_delta.cpp")
 _UNITS = ("bindings.cpp", "quant_linear.cpp")  # translation units, compiled in parallel (ninja)
 
 _REQUIRED_FLAGS = {
@@ -204,6 +205,19 @@ def load(isa: Optional[str] = None) -> Optional[Any]:
     (row-tiled weights, see vlite/layers/packed.py); module.dequantize(...);
     module.paged_decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale);
     module.dense_linear(x, w, bias, residual) (float32, up to module.dense_max_rows() rows).
+
+    Gated DeltaNet (Qwen3-Next / Qwen3.5 linear attention; gated_delta.cpp) on varlen batches: R requests'
+    tokens concatenated in T rows, request r owning rows query_start_loc[r] .. query_start_loc[r+1]-1 (int32/int64
+    [R+1], from 0, non-decreasing, to T) and state slot state_idx[r] (int32/int64 [R], distinct, < S); other slots
+    are untouched, a fresh request's slot must be zeroed by the caller:
+    module.gdn_conv1d(x [T, C] f32/bf16 (rows may be strided), weight [C, K] f32, conv_state [S, C, K-1] f32
+    (in place: the last K-1 inputs), state_idx, query_start_loc) -> [T, C] in x's dtype, silu(causal depthwise conv);
+    module.gated_delta_rule(q, k [T, Hk, Dk], v [T, Hv, Dv] (f32 or bf16, one dtype; rows and heads may be
+    strided), g [T, Hv] f32 (log decay), beta [T, Hv] f32 (sigmoided), state [S, Hv, Dk, Dv] f32 (in place),
+    state_idx, query_start_loc, scale, use_qk_l2norm=True, chunked_min_tokens=0) -> out [T, Hv, Dv] f32
+    (Hv a multiple of Hk, Dk and Dv multiples of 16; segments of chunked_min_tokens or more tokens (0: the kernel's
+    choice, 16) run the 64-token chunked form, shorter ones the recurrence);
+    module.gdn_gated_rms_norm(x [N, D] f32, z [N, D] f32/bf16, weight [D] f32, eps) -> [N, D] f32.
     """
     if not enabled():
         return None

@@ -16,6 +16,8 @@
 #include "gguf_tiles.cpp"
 #include "memory_bandwidth.cpp"
 #include "dense_linear.cpp"
+#include "gated_delta_chunk.cpp"  // before gated_delta.cpp, which runs its recurrent and chunked forms
+#include "gated_delta.cpp"
 
 std::string isa() {
 #if defined(__AVX512VNNI__) && defined(VLITE_AVX512)
@@ -75,6 +77,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_slot", &vlite::LoRALinear::set_slot, pybind11::arg("slot"), pybind11::arg("modules"))
       .def("clear_slot", &vlite::LoRALinear::clear_slot, pybind11::arg("slot"))
       .def("apply", &vlite::LoRALinear::apply, pybind11::arg("out"), pybind11::arg("x"));
+  m.def("gdn_conv1d", &vlite::gdn_conv1d, pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("conv_state"),
+        pybind11::arg("state_idx"), pybind11::arg("query_start_loc"),
+        "Gated DeltaNet's causal depthwise conv1d + SiLU over varlen requests, conv_state [S, C, K-1] in place");
+  m.def("gated_delta_rule", &vlite::gated_delta_rule, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
+        pybind11::arg("g"), pybind11::arg("beta"), pybind11::arg("state"), pybind11::arg("state_idx"),
+        pybind11::arg("query_start_loc"), pybind11::arg("scale"), pybind11::arg("use_qk_l2norm") = true,
+        pybind11::arg("chunked_min_tokens") = 0,
+        "the gated delta rule over varlen requests (recurrent or chunked per segment), state [S, Hv, Dk, Dv] in place");
+  m.def("gdn_gated_rms_norm", &vlite::gdn_gated_rms_norm, pybind11::arg("x"), pybind11::arg("z"),
+        pybind11::arg("weight"), pybind11::arg("eps"), "x * rsqrt(mean(x^2) + eps) * weight * silu(z), float32");
   m.def("rms_norm", &vlite::rms_norm);
   m.def("silu_and_mul", &vlite::silu_and_mul);
   m.def("rotary_inplace", &vlite::rotary_inplace);
