@@ -91,18 +91,22 @@ def write(out: str) -> None:
 
 
 def llama_cpp_kv_bytes(path: str, context: int) -> dict:
-    """llama-server's logged KV buffers (MiB) for one sequence of `context` tokens."""
+    """llama-server's logged KV buffers (MiB) for one sequence of `context` tokens (its log at verbosity 4)."""
+    import threading
+
     proc = subprocess.Popen(["bash", str(ANCHORS / "llamacpp.sh"), "serve", path, "8791", "-t", "2", "-np", "1",
-                             "-c", str(context), "-fa", "on"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                             "-c", str(context), "-fa", "on", "-lv", "4"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(300, proc.terminate)  # a server that never says it listens
+    watchdog.start()
     lines = []
-    deadline = time.time() + 300
     try:
         for line in proc.stdout:
             lines.append(line)
-            if "server is listening" in line or "main loop" in line or time.time() > deadline:
+            if "listening on" in line:
                 break
     finally:
+        watchdog.cancel()
         proc.terminate()
         proc.wait(timeout=30)
     log = "".join(lines)
@@ -136,7 +140,7 @@ def measure(path: str, context: int) -> None:
               f"{ours['blocks']} blocks of {ours['block_bytes']} B = {ours['total_mib']:.1f} MiB ({ratio:.2f}x)")
         from vlite import LLM
 
-        llm = LLM(model=path, max_model_len=context, max_num_batched_tokens=chunk,
+        llm = LLM(model=path, dtype="bfloat16", max_model_len=context, max_num_batched_tokens=chunk,
                   kv_cache_memory_bytes=ours["blocks"] * ours["block_bytes"], max_num_seqs=1)
         kv = llm.llm_engine.engine_core.kv_cache_manager
         print(f"  engine started on that pool: {kv.num_blocks} blocks, windows {[g.window for g in kv.groups]}")
