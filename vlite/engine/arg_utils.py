@@ -137,7 +137,7 @@ class EngineArgs:
         groups = kv_cache_groups(arch, self.block_size, torch.empty((), dtype=torch_dtype).element_size(),
                                  split_windows=device == "cpu") if arch.is_causal else ()
         bytes_per_block = KVCacheConfig(0, groups).block_bytes or 1
-        state_slots, cached_state_slots, state_bytes = self._state_slots(arch, cache_config, speculative_config,
+        state_slots, cached_state_slots, state_bytes = self._state_slots(arch, groups, cache_config, speculative_config,
                                                                          parallel_config, lora_config, device)
         if not arch.is_causal:  # encoders keep no KV cache: nothing to size
             kv_bytes = bytes_per_block
@@ -201,14 +201,14 @@ class EngineArgs:
             loaded.kv_model_id = model_id(loaded)
         return loaded
 
-    def _state_slots(self, arch: Any, cache_config: Any, speculative_config: Any, parallel_config: Any,
+    def _state_slots(self, arch: Any, groups: tuple, cache_config: Any, speculative_config: Any, parallel_config: Any,
                      lora_config: Any, device: str) -> tuple[int, int, int]:
         """(state slots, of those the prefix cache's, their bytes) of a model with linear-attention layers, which
         keep a fixed-size recurrent state per request instead of KV blocks; the features that cannot run such
         layers yet are refused here, before any work."""
         if not arch.linear_layers:
             return 0, 0, 0
-        from vlite.core.kv_cache_interface import KVCacheConfig, kv_cache_groups, num_cached_state_slots
+        from vlite.core.kv_cache_interface import KVCacheConfig, num_cached_state_slots
 
         name = f"{arch.architecture} (linear-attention layers)"
         if speculative_config is not None:
@@ -221,9 +221,8 @@ class EngineArgs:
         if device != "cpu":
             raise ValueError(f"{name} run on the CPU only so far; use device='cpu'")
         cached = num_cached_state_slots(self.max_num_seqs, cache_config.enable_prefix_caching)
-        groups = KVCacheConfig(0, kv_cache_groups(arch, self.block_size, 4))
         slots = self.max_num_seqs + cached
-        return slots, cached, slots * groups.state_slot_bytes
+        return slots, cached, slots * KVCacheConfig(0, groups).state_slot_bytes
 
     def _check_reasoning_budget(self) -> None:
         budget = self.reasoning_budget

@@ -54,12 +54,6 @@ if TYPE_CHECKING:
     from vlite.structured_output.manager import GrammarOutput
 
 
-def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
-    """One KV block over every attention layer (linear-attention layers keep a state instead)."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * len(arch.attention_layers) * block_size * arch.num_key_value_heads * arch.head_dim * elem
-
-
 @dataclass
 class CachedRequestState:
     """What the runner keeps of a request across steps, including across a preemption."""
