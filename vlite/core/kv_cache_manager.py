@@ -273,6 +273,15 @@ class KVCacheManager:
             return num_new_tokens
         return self.state_manager.cap_new_tokens(request.num_prompt_tokens, num_computed_tokens, num_new_tokens)
 
+    def is_partial_prefill(self, request: Request, num_tokens_after: int) -> bool:
+        """Mid-prompt after this step, for the scheduler's max_num_partial_prefills: a stop at the recurrent state's
+        save boundary does not count (the prompt's last block follows next step; counted, it let one prompt start
+        a step: 16 prompts of 128 tokens took 16 steps instead of 2)."""
+        if num_tokens_after >= request.num_prompt_tokens:
+            return False
+        return self.state_manager is None or not self.state_manager.ends_at_save(request.num_prompt_tokens,
+                                                                                  num_tokens_after)
+
     def schedule_state_save(self, request: Request) -> tuple[int, int] | None:
         """After this step's tokens (request.num_computed_tokens already counts them): the (slot, cache slot) copy
         that saves its state at a block boundary for the prefix cache, or None."""

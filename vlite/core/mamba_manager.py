@@ -90,6 +90,12 @@ class MambaManager:
             return boundary - num_computed_tokens
         return num_new_tokens
 
+    def ends_at_save(self, num_prompt_tokens: int, num_tokens_after: int) -> bool:
+        """Whether a step that leaves the request at `num_tokens_after` stopped at the boundary cap_new_tokens cuts at
+        (only the prompt's last block is left, for the next step)."""
+        return (self.enable_caching and num_tokens_after < num_prompt_tokens
+                and num_tokens_after == (num_prompt_tokens - 1) // self.block_size * self.block_size)
+
     def schedule_save(self, request_id: str, block_hashes: list[BlockHash], num_tokens_after: int,
                       num_prompt_tokens: int) -> Optional[tuple[int, int]]:
         """(request's slot, cache slot) to copy after this step, where the step ends at the prompt's last block

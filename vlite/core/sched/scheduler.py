@@ -210,7 +210,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
         step_skipped_waiting = create_request_queue(self.policy)
         num_partial_prefills = sum(
             1 for r in self.running
-            if r.num_computed_tokens + num_scheduled_tokens.get(r.request_id, 0) < r.num_prompt_tokens)
+            if kv.is_partial_prefill(r, r.num_computed_tokens + num_scheduled_tokens.get(r.request_id, 0)))
         # The adapters of every running request (not only this step's): no step can then hold more than max_loras.
         running_loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
         while token_budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -255,7 +255,7 @@ class Scheduler(FaultIsolation, RemoteKVScheduling):
                 continue
             num_new_tokens = self._cap_new_tokens(request, request.num_tokens - num_computed_tokens, token_budget,
                                                   num_computed_tokens)
-            is_partial = num_computed_tokens + num_new_tokens < request.num_prompt_tokens
+            is_partial = kv.is_partial_prefill(request, num_computed_tokens + num_new_tokens)
             new_blocks = None
             # Unchunked prompts (encoders) wait for a step with room for all of them.
             if not (is_partial and (num_partial_prefills >= self.config.max_num_partial_prefills
