@@ -261,7 +261,11 @@ FINAL = HarmonyHeader(channel="final")
 
 def prompt_inside(prompt: str) -> Optional[HarmonyHeader]:
     """The header of the message a prompt leaves open (an assistant answer being continued), else None."""
-    return FINAL if prompt.endswith(f"{CHANNEL}final{MESSAGE}") else None
+    last = prompt[prompt.rfind(START):]
+    head, opened, body = last.partition(MESSAGE)
+    if opened and head == f"{START}assistant{CHANNEL}final" and not any(t in body for t in (END, RETURN, CALL)):
+        return FINAL
+    return None
 
 
 def parse_completion(text: str, inside: Optional[HarmonyHeader] = None) -> ParsedCompletion:
