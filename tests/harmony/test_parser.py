@@ -9,7 +9,8 @@ import random
 import pytest
 
 from tests.harmony import harmony_model
-from vlite.harmony import HarmonyHeader, HarmonyParser, collect, parse_completion
+from tests.reasoning import thinking_model
+from vlite.harmony import HarmonyHeader, HarmonyParser, collect, is_harmony_tokenizer, parse_completion, stop_token_ids
 from vlite.harmony.parser import FINAL
 
 # format.md's published completions (the stop token included, as the model writes it).
@@ -90,6 +91,8 @@ def test_messages_and_headers():
 def test_token_by_token_with_harmony_tokenizer():
     """Token ids decoded with skip_special_tokens false (as the server asks the engine), one at a time."""
     tok = harmony_model.tokenizer()
+    assert is_harmony_tokenizer(tok) and not is_harmony_tokenizer(thinking_model.tokenizer())
+    assert tok.convert_ids_to_tokens(stop_token_ids(tok)) == ["<|return|>", "<|call|>"]
     for text in (ARITHMETIC, TOOL_CALL, PREAMBLE):
         ids = tok.encode(text, add_special_tokens=False)
         assert "<|channel|>" in tok.convert_ids_to_tokens(ids)  # special tokens, not their characters

@@ -33,17 +33,23 @@ KNOWLEDGE_CUTOFF = "2024-06"
 _THINKING_KEYS = ("reasoning", "reasoning_content", "thinking")
 
 
+def _token_id(tokenizer: Any, token: str) -> Optional[int]:
+    """The id of a token of the vocabulary (None when the tokenizer would map it to unknown)."""
+    i = tokenizer.convert_tokens_to_ids(token) if hasattr(tokenizer, "convert_tokens_to_ids") else None
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return i if isinstance(i, int) and (unk is None or i != unk) else None
+
+
 def is_harmony_tokenizer(tokenizer: Any) -> bool:
     """Whether a tokenizer has harmony's special tokens (o200k_harmony: every gpt-oss checkpoint, Hugging Face
     or GGUF), so that its model's chats are harmony conversations."""
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    return all(t in vocab for t in SPECIAL_TOKENS)
+    return all(_token_id(tokenizer, t) is not None for t in SPECIAL_TOKENS)
 
 
 def stop_token_ids(tokenizer: Any) -> list[int]:
     """The ids of <|return|> and <|call|>, where generation stops (vLLM adds them to every harmony request)."""
-    vocab = tokenizer.get_vocab()
-    return [vocab[t] for t in STOP_TOKENS if t in vocab]
+    ids = [_token_id(tokenizer, t) for t in STOP_TOKENS]
+    return [i for i in ids if i is not None]
 
 
 def system_message(reasoning_effort: Optional[str] = None, has_tools: bool = False,
