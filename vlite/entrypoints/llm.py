@@ -37,6 +37,7 @@ class LLM:
             kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed, enable_prefix_caching=enable_prefix_caching,
             scheduling_policy=scheduling_policy, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        self._chat_template = engine_args.chat_template  # a template chosen at load (over harmony's rendering)
         self._request_counter = itertools.count()
         # The first full collection after loading walks every object start-up made (~100 ms): here, rather than
         # inside the first batch. (No gc.freeze: a script may drop this engine and make another.)
@@ -79,22 +80,40 @@ class LLM:
         function definitions) are passed to the template as vLLM does; assistant `tool_calls` in the
         history may carry their arguments as a JSON string (OpenAI's shape): the template gets a dict.
         With a reasoning parser (`LLM(..., reasoning_parser="qwen3")`), each output's `reasoning` and
-        `content` hold its thinking and its answer, split as the server splits them."""
+        `content` hold its thinking and its answer, split as the server splits them.
+
+        A harmony model (gpt-oss) renders its chats in Python (vlite.harmony; `chat_template_kwargs`'
+        `reasoning_effort` goes into its system message) unless a template is given, and every output is
+        split by harmony's channels (`text` keeps the special tokens; tool calls: OpenAIToolParser)."""
+        from vlite.harmony import is_harmony_tokenizer, parse_completion, prompt_inside, render_chat
+
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
+        harmony = is_harmony_tokenizer(tokenizer)
         prompts: list[PromptType] = []
         kwargs = dict(chat_template_kwargs or {})
         if tools:
             kwargs["tools"] = tools
         for conversation in conversations:
-            text = tokenizer.apply_chat_template([_template_message(m) for m in conversation],
-                                                 chat_template=chat_template, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt, **kwargs)
+            if harmony and chat_template is None and self._chat_template is None:
+                text = render_chat(conversation, tools, kwargs.get("reasoning_effort"),
+                                   add_generation_prompt=add_generation_prompt)
+            else:
+                text = tokenizer.apply_chat_template([_template_message(m) for m in conversation],
+                                                     chat_template=chat_template, tokenize=False,
+                                                     add_generation_prompt=add_generation_prompt, **kwargs)
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
+        if harmony:
+            sampling_params = _harmony_params(sampling_params, tokenizer, len(prompts))
         outputs = self._run(prompts, sampling_params, use_tqdm, None, lora_request)
         config = self.llm_engine.vllm_config.reasoning_config
-        if config is not None:
+        if harmony:
+            for out in outputs:
+                for c in out.outputs:
+                    parsed = parse_completion(c.text, prompt_inside(out.prompt or ""))
+                    c.reasoning, c.content = parsed.reasoning, parsed.content
+        elif config is not None:
             parser_cls = config.parser_class()
             for out in outputs:  # the output starts where its prompt left it (inside a block the template opened)
                 phase = parser_cls.prompt_phase(out.prompt or "")
@@ -260,6 +279,24 @@ def _as_prompt_list(prompts: Union[PromptType, Sequence[PromptType]]) -> list[Pr
                                             and all(isinstance(t, int) for t in prompts)):
         return [prompts]
     return list(prompts)
+
+
+def _harmony_params(sampling_params: Any, tokenizer: Any, n: int) -> list[SamplingParams]:
+    """Each prompt's params as harmony needs them: special tokens kept in the text (the channels are read
+    off them), generation stopped at <|return|> and <|call|>."""
+    from vlite.harmony import stop_token_ids
+
+    if sampling_params is None:
+        sampling_params = SamplingParams()
+    given = [sampling_params] * n if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+    out = []
+    for params in given:
+        params = params.clone()
+        params.skip_special_tokens = False
+        params.stop_token_ids = list(params.stop_token_ids or []) + [
+            i for i in stop_token_ids(tokenizer) if i not in (params.stop_token_ids or [])]
+        out.append(params)
+    return out
 
 
 def _template_message(message: dict[str, Any]) -> dict[str, Any]:

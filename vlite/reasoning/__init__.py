@@ -4,9 +4,10 @@ engine (structured outputs apply to the answer only), and importable for users' 
 
 from vlite.reasoning.abs_reasoning_parsers import (CONTENT, PENDING, REASONING, ReasoningDelta, ReasoningParser,
                                                    ReasoningParserManager)
+from vlite.reasoning.gptoss import GptOssReasoningParser
 from vlite.reasoning.parsers import (DeepSeekR1ReasoningParser, GenericReasoningParser, Qwen3ReasoningParser,
                                      resolve_reasoning_parser)
 
 __all__ = ["CONTENT", "PENDING", "REASONING", "DeepSeekR1ReasoningParser", "GenericReasoningParser",
-           "Qwen3ReasoningParser", "ReasoningDelta", "ReasoningParser", "ReasoningParserManager",
+           "GptOssReasoningParser", "Qwen3ReasoningParser", "ReasoningDelta", "ReasoningParser", "ReasoningParserManager",
            "resolve_reasoning_parser"]

@@ -188,7 +188,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--reasoning-parser", default=d.reasoning_parser, metavar="NAME",
                        help="a thinking model's reasoning parser: its output's thinking block goes to `reasoning`, "
                             "apart from the answer, and structured outputs constrain the answer only. deepseek_r1, "
-                            "qwen3 (also QwQ, SmolLM3, Phi-4-reasoning), or generic with --reasoning-config")
+                            "qwen3 (also QwQ, SmolLM3, Phi-4-reasoning), openai_gptoss (gpt-oss's harmony analysis "
+                            "channel), or generic with --reasoning-config")
     group.add_argument("--reasoning-config", default=d.reasoning_config, metavar="JSON",
                        help='the reasoning block\'s tags, vLLM\'s keys: \'{"reasoning_start_str": "<think>", '
                             '"reasoning_end_str": "</think>"}\' (needed by --reasoning-parser generic; overrides a '

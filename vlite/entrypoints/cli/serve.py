@@ -68,8 +68,8 @@ def add_parser(subparsers: Any) -> None:
                              "(default: %(default)s)")
     parser.add_argument("--tool-call-parser", default=None, metavar="NAME",
                         help="how the model writes tool calls, to read them into `tool_calls`: hermes "
-                             "(<tool_call> JSON blocks: Qwen 2.5/3, Hermes and many fine-tunes) or llama3_json "
-                             "(Llama 3.x JSON calls)")
+                             "(<tool_call> JSON blocks: Qwen 2.5/3, Hermes and many fine-tunes), llama3_json "
+                             "(Llama 3.x JSON calls) or openai (gpt-oss's harmony calls to functions.NAME)")
     parser.add_argument("--enable-auto-tool-choice", action="store_true", default=False,
                         help='allow tool_choice "auto" (the default when a request has tools): the model decides '
                              "whether to call, its output read with --tool-call-parser")

@@ -200,8 +200,12 @@ class ChatMessage(OpenAIBaseModel):
     name: Optional[str] = None
     tool_calls: Optional[list[ToolCallParam]] = None
     tool_call_id: Optional[str] = None
+    # An assistant message's thinking, as responses return it (vLLM's names): harmony chats (gpt-oss) render
+    # it back where the turn is still calling tools.
+    reasoning: Optional[str] = None
+    reasoning_content: Optional[str] = None
 
-    @field_validator("content", "role")
+    @field_validator("content", "role", "reasoning", "reasoning_content")
     @classmethod
     def _check_text(cls, v: Any) -> Any:
         return _no_lone_surrogates(v, "messages")
@@ -218,6 +222,9 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     include_reasoning: bool = True  # with --reasoning-parser: false leaves the thinking out of the response
+    # OpenAI's field: how hard a reasoning model thinks. Harmony chats (gpt-oss) write it into the system
+    # message ("Reasoning: low|medium|high", medium when unset); other templates get it as a variable.
+    reasoning_effort: Optional[Literal["low", "medium", "high"]] = None
     echo: bool = False
     tools: Optional[list[ChatCompletionToolsParam]] = Field(default=None, max_length=128)
     tool_choice: Optional[Union[Literal["none", "auto", "required"], ChatCompletionNamedToolChoiceParam]] = None

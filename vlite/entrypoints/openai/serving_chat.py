@@ -15,7 +15,8 @@ from vlite.entrypoints.openai.protocol import ChatCompletionRequest
 from vlite.entrypoints.openai.serving_models import OpenAIServingModels
 from vlite.entrypoints.openai.serving_engine import (ChoiceState, OpenAIError, OpenAIServing, Prepared, Usage,
                                                      finite_logprob)
-from vlite.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
+from vlite.entrypoints.openai.serving_harmony import HarmonyChat, full_message, new_parser, stream_delta
+from vlite.entrypoints.openai.tool_parsers import OpenAIToolParser, ToolParser, ToolParserManager
 from vlite.entrypoints.openai.tool_parsers.constrained import NamedToolCallParser, RequiredToolCallParser
 from vlite.outputs import CompletionOutput, Logprob
 from vlite.reasoning import ReasoningParser
@@ -86,6 +87,8 @@ class OpenAIServingChat(OpenAIServing):
         # A template in the request runs client-written Jinja: sandboxed, but a loop or a string
         # product can still burn CPU or memory, so it is opt-in (vLLM's rule).
         self.trust_request_chat_template = trust_request_chat_template
+        # A harmony model (gpt-oss): prompts rendered and outputs read in harmony (serving_harmony).
+        self.harmony = HarmonyChat.for_tokenizer(self.tokenizer, getattr(args, "chat_template", None))
 
     def render_chat(self, request: Any) -> tuple[str, list[int]]:
         messages = []
@@ -117,6 +120,14 @@ class OpenAIServingChat(OpenAIServing):
         if tools:
             # As vLLM and transformers pass them: the template renders the functions (those that know how).
             kwargs["tools"] = [t.model_dump(exclude_none=True) for t in tools]
+        if self.harmony is not None and self.harmony.renders(request):
+            try:
+                text = self.harmony.render(request, messages, kwargs)
+            except ValueError as e:
+                raise OpenAIError(str(e), 400, "tools" if str(e).startswith("tools") else "messages") from None
+            return text, self.tokenizer.encode(text, add_special_tokens=False)
+        if getattr(request, "reasoning_effort", None) is not None:
+            kwargs.setdefault("reasoning_effort", request.reasoning_effort)  # gpt-oss's template variable
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, chat_template=getattr(request, "chat_template", None), tokenize=False,
@@ -137,6 +148,8 @@ class OpenAIServingChat(OpenAIServing):
         tools = self._check_tools(request)
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
+        if self.harmony is not None:
+            self.harmony.prepare(request)
         text, ids = await self.run_tokenizer(self.render_chat, request)
         base_id = f"chatcmpl-{uuid.uuid4().hex}"
         max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None \
@@ -151,7 +164,7 @@ class OpenAIServingChat(OpenAIServing):
             raise
         if tools is not None and tools.choice != "auto":
             prepared[0].constraint_field = "tools"  # the schema (compiled in the engine) comes from the tools
-        split = None if self.reasoning_parser_cls is None else \
+        split = None if self.reasoning_parser_cls is None or self.harmony is not None else \
             _Split(self.reasoning_parser_cls, self.reasoning_parser_cls.prompt_phase(text), request.include_reasoning)
         if request.stream:
             await self._start_constrained(prepared)
@@ -170,6 +183,12 @@ class OpenAIServingChat(OpenAIServing):
         if not request.tools:
             raise OpenAIError("When using `tool_choice`, `tools` must be set.", 400, "tool_choice")
         parallel = request.parallel_tool_calls is not False
+        if self.harmony is not None and choice != "auto":
+            raise OpenAIError('harmony (gpt-oss) chats support tool_choice "auto" and "none" only', 400, "tool_choice")
+        if self.harmony is not None and self.enable_auto_tool_choice and self.tool_parser_cls is not None and \
+                not issubclass(self.tool_parser_cls, OpenAIToolParser):
+            raise OpenAIError("this model writes tool calls in the harmony format: start the server with "
+                              "--tool-call-parser openai", 400, "tool_choice")
         if choice == "auto":
             if not self.enable_auto_tool_choice or self.tool_parser_cls is None:
                 raise OpenAIError('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
@@ -193,11 +212,18 @@ class OpenAIServingChat(OpenAIServing):
         for c in sorted(final.outputs, key=lambda c: c.index):
             usage.choices[c.index] = ChoiceState(completion_tokens=len(c.token_ids))
             message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            finish_reason = c.finish_reason
+            if self.harmony is not None:
+                message, called = full_message(prepared[0].text or "", c.text, tools, request.include_reasoning)
+                choices.append({"index": c.index, "message": message,
+                                "logprobs": self._chat_logprobs(c, request) if request.logprobs else None,
+                                "finish_reason": tools.finish_reason(called, finish_reason) if tools else finish_reason,
+                                "stop_reason": c.stop_reason})
+                continue
             if split is not None:  # the thinking apart; tool calls are read from the answer only
                 reasoning, message["content"] = split.new_parser(self.tokenizer).extract_reasoning(c.text)
                 if split.include:
                     message["reasoning"] = message["reasoning_content"] = reasoning  # vLLM's names, new and old
-            finish_reason = c.finish_reason
             if tools is not None:
                 parsed = tools.make_parser().extract_tool_calls(message["content"] or "")
                 message["content"] = parsed.content if parsed.tools_called else parsed.content or ""
@@ -222,6 +248,17 @@ class OpenAIServingChat(OpenAIServing):
                 state = usage.choices.setdefault(c.index, ChoiceState())
                 state.completion_tokens += len(c.token_ids)
                 text, reasoning = c.text, ""
+                if self.harmony is not None:
+                    if state.harmony_parser is None:
+                        state.harmony_parser = new_parser(prepared[0].text or "")
+                    delta, called = stream_delta(state.harmony_parser, c.text, c.finish_reason is not None, tools,
+                                                 request.include_reasoning)
+                    finish_reason = tools.finish_reason(called, c.finish_reason) if tools else c.finish_reason
+                    if delta or c.finish_reason is not None or (request.logprobs and c.token_ids):
+                        yield [{"index": c.index, "delta": delta,
+                                "logprobs": self._chat_logprobs(c, request) if request.logprobs else None,
+                                "finish_reason": finish_reason, "stop_reason": c.stop_reason}]
+                    continue
                 if split is not None:
                     if state.reasoning_parser is None:
                         state.reasoning_parser = split.new_parser(self.tokenizer)

@@ -15,6 +15,7 @@ from vlite.engine.async_llm import AsyncLLM, EngineBadRequestError
 from vlite.entrypoints.openai.protocol import StreamOptions
 from vlite.entrypoints.openai.structured_outputs import constraint_field
 from vlite.entrypoints.openai.tool_parsers import ToolParser
+from vlite.harmony import HarmonyParser
 from vlite.lora.request import LoRARequest
 from vlite.outputs import Logprob, RequestOutput
 from vlite.reasoning import ReasoningParser
@@ -77,6 +78,7 @@ class ChoiceState:
     echoed: bool = False
     tool_parser: Optional[ToolParser] = None
     reasoning_parser: Optional[ReasoningParser] = None
+    harmony_parser: Optional[HarmonyParser] = None  # a harmony model's output (serving_harmony)
 
 
 @dataclass
