@@ -332,9 +332,15 @@ at::Tensor paged_decode_attention(at::Tensor query, at::Tensor key_cache, at::Te
     const int64_t* btp = bt.data_ptr<int64_t>();
     const float sc = static_cast<float>(scale);
     switch (D) {
-      case 64: decode_attention_fast<4>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window, 0, nullptr, sk); break;
-      case 128: decode_attention_fast<8>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window, 0, nullptr, sk); break;
-      case 256: decode_attention_fast<16>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window, 0, nullptr, sk); break;
+      case 64:
+        decode_attention_fast<4>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window, 0, nullptr, sk);
+        break;
+      case 128:
+        decode_attention_fast<8>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window, 0, nullptr, sk);
+        break;
+      case 256:
+        decode_attention_fast<16>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window, 0, nullptr, sk);
+        break;
       default: decode_attention_impl<T>(qp, kp, vp, btp, slp, op, N, H, HKV, D, NB, BS, MB, sc, window, sk); break;
     }
   };
