@@ -117,14 +117,22 @@ def test_mxfp4_checkpoint(hf_model: Any, tokenizer: Any, model_dir: Path) -> Non
             torch.testing.assert_close(weights[f"{p}.down_proj.weight"], down[e], rtol=0, atol=0)
 
 
-@pytest.mark.skipif(tiny.llama_cpp_dir() is None, reason="llama.cpp's source tree (shared/anchors/llamacpp.sh)")
-def test_gguf_matches_transformers(folder: Path, model_dir: Path, prompt_ids: list[list[int]],
+needs_llama_cpp = pytest.mark.skipif(tiny.llama_cpp_dir() is None,
+                                     reason="llama.cpp's source tree (shared/anchors/llamacpp.sh)")
+
+
+@pytest.fixture(scope="module")
+def gguf_f32(folder: Path, model_dir: Path) -> Path:
+    """llama.cpp's converter's "gpt-oss" file of the float checkpoint (F32: the weights are transformers' exactly)."""
+    return tiny.llama_cpp_convert(folder, model_dir / "gpt-oss-f32.gguf", "f32")
+
+
+@needs_llama_cpp
+def test_gguf_matches_transformers(gguf_f32: Path, folder: Path, prompt_ids: list[list[int]],
                                    refs: list[Any]) -> None:
-    """llama.cpp's converter's "gpt-oss" file of the float checkpoint: experts as ffn_{gate,up,down}_exps (gate and
-    up split from the interleaved stack) with their biases, the sinks as attn_sinks, the router as ffn_gate_inp
-    with its bias, YaRN as rope.scaling keys; F32 so the weights are transformers' exactly."""
-    path = tiny.llama_cpp_convert(folder, model_dir / "gpt-oss-f32.gguf", "f32")
-    cfg, weights = load_model_weights(resolve_model(str(path)), torch.float32)
+    """Experts as ffn_{gate,up,down}_exps (gate and up split from the interleaved stack) with their biases, the
+    sinks as attn_sinks, the router as ffn_gate_inp with its bias, YaRN as rope.scaling keys."""
+    cfg, weights = load_model_weights(resolve_model(str(gguf_f32)), torch.float32)
     assert cfg.architecture == "gpt-oss" and cfg.layer_windows == (WINDOW, 0) and cfg.attention_sinks
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 4, 32)
     assert {k: cfg.rope_scaling[k] for k in ("rope_type", "factor", "original_max_position_embeddings", "truncate")} \
@@ -133,6 +141,37 @@ def test_gguf_matches_transformers(folder: Path, model_dir: Path, prompt_ids: li
     for name in ("model.layers.0.self_attn.sinks", "model.layers.1.mlp.gate.bias",
                  "model.layers.1.mlp.experts.3.up_proj.bias", "model.layers.0.mlp.experts.6.gate_proj.weight"):
         torch.testing.assert_close(weights[name], hf_weights[name], rtol=0, atol=0)
-    llm, completions = tiny.run_vlite(path, prompt_ids)
+    llm, completions = tiny.run_vlite(gguf_f32, prompt_ids)
     assert tiny.model_class_name(llm) == "GptOssForCausalLM"
     print(tiny.assert_parity(completions, refs))
+
+
+@needs_llama_cpp
+def test_gguf_mxfp4_experts(gguf_f32: Path, model_dir: Path) -> None:
+    """llama-quantize MXFP4_MOE (what every published gpt-oss GGUF is): the 3-D expert tensors in ggml's MXFP4, the
+    rest Q8_0. Each expert's slice goes through the loader's one packed path (to_packed): with the MXFP4 type
+    supported, every expert weight is the file's blocks exactly (gguf's own dequantizer); without it, the error
+    names the type and the tensor."""
+    import gguf
+
+    from vlite.model_loader.gguf_quants import SUPPORTED_TYPES
+    from vlite.model_loader.gguf_reader import GGUFReader
+
+    path = tiny.llama_cpp_quantize(gguf_f32, model_dir / "gpt-oss-mxfp4.gguf", "MXFP4_MOE")
+    if path is None:
+        pytest.skip("llama-quantize is not built")
+    stacks = {t.name: t for t in GGUFReader(str(path)).tensors if "_exps.weight" in t.name}
+    assert {t.tensor_type.name for t in stacks.values()} == {"MXFP4"}
+    if "MXFP4" not in SUPPORTED_TYPES:
+        with pytest.raises(ValueError, match="MXFP4") as e:
+            load_model_weights(resolve_model(str(path)), torch.float32)
+        assert "_exps" in str(e.value)
+        return
+    _, weights = load_model_weights(resolve_model(str(path)), torch.float32)
+    for layer, part, hf in ((0, "gate", "gate_proj"), (1, "down", "down_proj")):
+        t = stacks[f"blk.{layer}.ffn_{part}_exps.weight"]
+        want = gguf.quants.dequantize(t.data, t.tensor_type)
+        for e in (0, 7):
+            got = weights[f"model.layers.{layer}.mlp.experts.{e}.{hf}.weight"]
+            got = got.dequantize(torch.float32) if hasattr(got, "dequantize") else got
+            assert torch.equal(got, torch.from_numpy(want[e].copy()))
