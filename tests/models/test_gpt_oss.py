@@ -175,3 +175,21 @@ def test_gguf_mxfp4_experts(gguf_f32: Path, model_dir: Path) -> None:
             got = weights[f"model.layers.{layer}.mlp.experts.{e}.{hf}.weight"]
             got = got.dequantize(torch.float32) if hasattr(got, "dequantize") else got
             assert torch.equal(got, torch.from_numpy(want[e].copy()))
+
+
+def test_int8_experts(folder: Path, prompt_ids: list[list[int]], refs: list[Any]) -> None:
+    """--quantization int8: every projection on the kernels (experts' with their biases, clamped SwiGLU in torch),
+    router and sinks dense; teacher-forced agreement with transformers' float32 stays close. Measured (Zen 3, AVX2):
+    top-1 86.7%, median |logprob gap| 0.019, max 0.59 (Qwen3-MoE's tiny model: 98.3%, 0.006; this one's gate/up
+    weights are 20x wider, so that the clamps take part)."""
+    from vlite import LLM
+    from vlite.layers.quantization import QuantizedLinear
+
+    llm = LLM(model=str(folder), dtype="float32", quantization="int8", max_num_batched_tokens=tiny.STEP_TOKENS,
+              kv_cache_memory_bytes=16 * 2**20)
+    layer = llm.llm_engine.engine_core.model_runner.model.layers[1]
+    assert isinstance(layer.mlp.experts[3].gate_up_weight, QuantizedLinear) and layer.mlp.experts[3].ops is None
+    assert isinstance(layer.self_attn.qkv_weight, QuantizedLinear) and layer.self_attn.sinks.dtype == torch.float32
+    rate, median, worst = tiny.teacher_forced_agreement(llm, prompt_ids, refs)
+    print(f"int8 gpt-oss vs transformers float32: top-1 {rate:.1%}, |logprob gap| median {median:.4f} max {worst:.3f}")
+    assert rate >= 0.8 and median < 0.04
