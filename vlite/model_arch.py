@@ -20,7 +20,8 @@ from typing import Any
 
 __all__ = ["ModelArchConfig", "LlamaArchConfig", "expected_weight_names"]
 
-_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gate activations vlite.layers.mlp computes
+# the gate activations vlite.layers.mlp computes; "swiglu_oai": gpt-oss's clamped SwiGLU (swiglu_alpha, swiglu_limit)
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "swiglu_oai")
 _ENCODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")  # vlite.layers.encoder.GELU_APPROXIMATIONS
 
 
@@ -45,10 +46,17 @@ class ModelArchConfig:
     eos_token_ids: tuple[int, ...]
     attention_bias: bool = False  # bias on the q, k and v projections
     attention_out_bias: bool = False  # bias on o_proj (Llama's attention_bias sets both; Qwen2 has q/k/v only)
-    mlp_bias: bool = False  # bias on gate, up and down projections
+    mlp_bias: bool = False  # bias on gate, up and down projections (mixtures: every expert's, and the router's)
     qk_norm: bool = False  # RMSNorm over each head of q and k before rotary (Qwen3, Gemma 3)
     qk_norm_full: bool = False  # with qk_norm: the norms span all heads of q and of k at once (OLMo 2)
-    hidden_act: str = "silu"  # the MLP's gate activation: "silu" or "gelu_pytorch_tanh" (Gemma)
+    hidden_act: str = "silu"  # the MLP's gate activation: "silu", "gelu_pytorch_tanh" (Gemma), "swiglu_oai" (gpt-oss)
+    # hidden_act "swiglu_oai": gate = min(gate, limit), up = clamp(up, -limit, limit),
+    # act = (up + 1) * gate * sigmoid(alpha * gate) (transformers' GptOssExperts; llama.cpp's swiglu_oai)
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    # One learned logit per query head (`self_attn.sinks`) that joins each softmax's denominator and adds no
+    # value: p_j = exp(s_j) / (sum_k exp(s_k) + exp(sink)) (gpt-oss's attention sinks).
+    attention_sinks: bool = False
     norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma; the checkpoint stores weight)
     sandwich_norms: bool = False  # norms after attention and after the MLP too: 4 a layer (Gemma 2/3)
     post_norms: bool = False  # norms only after attention and after the MLP, none before (OLMo 2)
@@ -72,6 +80,9 @@ class ModelArchConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # the top-k routing weights renormalized to sum to 1 (Mixtral: always)
+    # The routing weights a softmax over the k chosen logits (gpt-oss), not the top k of a softmax over all
+    # experts (the same values as renormalizing them, other rounding).
+    router_topk_softmax: bool = False
     moe_layers: tuple[int, ...] = ()
     # The checkpoint's names of a mixture layer: `{prefix}.gate` (router), `{prefix}.experts.{e}.{gate,up,down}`.
     moe_prefix: str = "mlp"
@@ -219,6 +230,8 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
         if i in config.linear_layers:  # a Gated DeltaNet instead of attention
             names |= _linear_attention_names(config, f"{p}linear_attn.")
             attn_projs = ()
+        if config.attention_sinks and attn_projs:
+            names.add(f"{p}self_attn.sinks")
         for proj in attn_projs:
             names.add(f"{p}self_attn.{proj}.weight")
             if config.attention_out_bias if proj == "o_proj" else config.attention_bias:
@@ -228,6 +241,9 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
         if i in config.moe_layers:  # the router and every expert's gated MLP instead of one dense MLP
             m = f"{p}{config.moe_prefix}."
             names.add(m + "gate.weight")
+            if config.mlp_bias:  # the router's bias and every expert's (gpt-oss)
+                names.add(m + "gate.bias")
+                names |= {f"{m}experts.{e}.{n}.bias" for e in range(config.num_experts) for n in config.expert_names}
             if config.shared_expert_intermediate_size:
                 names |= {f"{m}shared_expert.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")}
                 names.add(f"{m}shared_expert_gate.weight")

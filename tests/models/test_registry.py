@@ -27,7 +27,8 @@ _BASE = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidd
     ("Gemma3ForCausalLM", "gemma3", "Gemma3ForCausalLM"),
     ("Qwen3MoeForCausalLM", "qwen3_moe", "Qwen3MoeForCausalLM"),
     ("OlmoeForCausalLM", "olmoe", "OlmoeForCausalLM"),
-    ("MixtralForCausalLM", "mixtral", "MixtralForCausalLM")])
+    ("MixtralForCausalLM", "mixtral", "MixtralForCausalLM"),
+    ("GptOssForCausalLM", "gpt-oss", "GptOssForCausalLM")])
 def test_architectures_resolve(hf_name: str, family: str, cls: str) -> None:
     cfg = arch_from_hf_config({**_BASE, "architectures": [hf_name]})
     assert cfg.architecture == family and registry.spec_for(cfg.architecture) is registry.spec_for_hf(hf_name)
@@ -97,7 +98,7 @@ def test_unsupported_gguf_architecture_is_named(tmp_path: Path, arch: str) -> No
     _assert_lists_supported(str(e.value), registry.SUPPORTED_GGUF_ARCHITECTURES)
     assert set(registry.SUPPORTED_GGUF_ARCHITECTURES) == {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
                                                           "olmo2", "smollm3", "qwen3moe", "qwen35",
-                                                          "qwen35moe", "qwen3next"}
+                                                          "qwen35moe", "qwen3next", "gpt-oss"}
 
 
 def test_unreadable_gguf_tensor_is_named(tmp_path: Path) -> None:

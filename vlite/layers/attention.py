@@ -8,8 +8,9 @@
     o       = paged_attention(q, k, v) @ Wo.T (+ bias where attention_out_bias; + the layer's residual)
 
 paged_attention scales the scores by `scale` (head_dim ** -0.5; Gemma passes its own), soft-caps them
-where `softcap` is given (Gemma 2), and lets the query at position p see the keys in (p - window, p]
-on a sliding-window layer (the config's `layer_window`: Mistral, Gemma's pattern, ...).
+where `softcap` is given (Gemma 2), adds each head's attention sink to its softmax's denominator where the
+config has them (gpt-oss: `{prefix}.sinks`, float32), and lets the query at position p see the keys in
+(p - window, p] on a sliding-window layer (the config's `layer_window`: Mistral, Gemma's pattern, ...).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from vlite.attention.backends.torch_sdpa import TorchSDPAMetadata
 from vlite.attention.selector import paged_attention
 from vlite.distributed.parallel_state import get_tp_group
 from vlite.layers.layernorm import RMSNorm, rms_norm
-from vlite.layers.linear import Weights, fast_ops, fuse_rows, fused_bias, linear_weight, lora_linear, output_projection
+from vlite.layers.linear import (Weights, fast_ops, fuse_rows, fused_bias, linear_weight, lora_linear,
+                                 output_projection, param)
 from vlite.layers.quantization import QuantizationPlan, dense_kernel
 from vlite.layers.rotary_embedding import RotaryEmbedding
 from vlite.model_arch import ModelArchConfig
@@ -49,6 +51,7 @@ class Attention(nn.Module):
         self.layer = layer
         self.window = cfg.layer_window(layer)  # 0: every key before the query
         self.softcap = softcap
+        self.sinks = param(w[f"{prefix}.sinks"].float()) if cfg.attention_sinks else None
         # Fused QKV projection: one matmul instead of three.
         self.qkv_bias = (fused_bias(w, [f"{prefix}.{n}_proj.bias" for n in "qkv"], dtype)
                          if cfg.attention_bias else None)
@@ -74,7 +77,7 @@ class Attention(nn.Module):
                           dense=self.dense)
         q, k, v = self.rotate(self.qk_norm(qkv), rope)
         o = paged_attention(q, k, v, kv_cache, layer_view(attn_metadata, self.layer), self.scale, self.window,
-                            self.softcap)
+                            self.softcap, self.sinks)
         return output_projection(o.reshape(-1, self.q_size), self.o_weight, self.o_bias, residual, self.tp,
                                  self.o_lora, precise_rows=precise_rows, dense=self.dense)
 

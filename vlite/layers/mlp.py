@@ -1,5 +1,5 @@
 """The gated feed-forward block of Llama-style decoders: down(act(gate(x)) * up(x)), act = SiLU, or
-GELU with the tanh approximation (Gemma's gelu_pytorch_tanh)."""
+GELU with the tanh approximation (Gemma's gelu_pytorch_tanh); gpt-oss's experts: down(swiglu_oai(gate, up))."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ class GatedMLP(nn.Module):
         self.down_bias = (fused_bias(w, [f"{prefix}.down_proj.bias"], dtype)
                           if cfg.mlp_bias and (self.tp is None or self.tp.is_driver) else None)
         self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
-        self.ops = fast_ops(plan) if self.intermediate_size % 16 == 0 and not self.gelu else None
+        self.clamped = (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.hidden_act == "swiglu_oai" else None
+        self.ops = (fast_ops(plan) if self.intermediate_size % 16 == 0 and not self.gelu and self.clamped is None
+                    else None)
         self.dense = None if torch_linears else dense_kernel(dtype)  # float32 weights in steps of a few rows
         # LoRA (vlite.lora.manager sets them): the step's adapters' updates of the gate/up and down projections
         self.gate_up_lora: Optional[LoRALayer] = None
@@ -54,8 +56,19 @@ class GatedMLP(nn.Module):
                               dense=self.dense)
         if self.ops is not None:
             act = self.ops.silu_and_mul(gate_up)
+        elif self.clamped is not None:
+            act = swiglu_oai(gate_up, self.intermediate_size, *self.clamped)
         else:
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
             act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
         return output_projection(act, self.down_weight, self.down_bias, residual, self.tp, self.down_lora,
                                  precise_rows=precise_rows, dense=self.dense)
+
+
+def swiglu_oai(gate_up: torch.Tensor, width: int, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU of [gate | up] (each `width` wide), in transformers' order of operations:
+    gate = min(gate, limit), up = clamp(up, -limit, limit), (up + 1) * gate * sigmoid(gate * alpha)."""
+    gate, up = gate_up.split(width, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))

@@ -1,9 +1,11 @@
-"""The mixture-of-experts feed-forward block (Qwen3-MoE, OLMoE, Mixtral), computed as vLLM's FusedMoE
+"""The mixture-of-experts feed-forward block (Qwen3-MoE, OLMoE, Mixtral, gpt-oss), computed as vLLM's FusedMoE
 computes it, in torch:
 
     probs        = softmax(x @ Wgate.T)                       (float32)
     weights, ids = topk(probs, k)                             (k = num_experts_per_tok)
     weights     /= weights.sum()                              (norm_topk_prob; Mixtral always)
+
+    (gpt-oss, router_topk_softmax: logits = x @ Wgate.T + b, ids = topk(logits, k), weights = softmax over those k)
     out[t]       = sum_j weights[t, j] * expert[ids[t, j]](x[t])   (each expert a gated MLP)
 
 Batched per expert, whatever the mix of prefill chunks and decodes in the step: the step's
@@ -28,10 +30,15 @@ from vlite.layers.quantization import QuantizationPlan
 from vlite.model_arch import ModelArchConfig
 
 
-def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route(logits: torch.Tensor, top_k: int, renormalize: bool, topk_softmax: bool = False
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's experts and their weights, [tokens, top_k] each: softmax over all experts in
     float32, the top_k best, renormalized to sum to 1 where the model says (transformers' routers of
-    Qwen3-MoE, OLMoE and Mixtral alike; top-k of the softmax is top-k of the logits)."""
+    Qwen3-MoE, OLMoE and Mixtral alike; top-k of the softmax is top-k of the logits). `topk_softmax`: the top_k
+    logits, then a softmax over them (gpt-oss's router: the same weights as renormalizing, its rounding)."""
+    if topk_softmax:
+        top, ids = torch.topk(logits, top_k, dim=-1)
+        return torch.softmax(top, dim=-1), ids
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -42,17 +49,21 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
 class SparseMoE(nn.Module):
     """A router (dense whatever the plan: its small matmul decides which experts run) over
     num_experts `GatedMLP`s of width moe_intermediate_size, read from `{prefix}.gate` and
-    `{prefix}.experts.{e}.{gate,up,down}` under the checkpoint's names (`cfg.expert_names`)."""
+    `{prefix}.experts.{e}.{gate,up,down}` under the checkpoint's names (`cfg.expert_names`); with `mlp_bias`
+    the router and every expert have biases (gpt-oss)."""
 
     def __init__(self, cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
                  dtype: torch.dtype) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.renormalize = cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.topk_softmax = cfg.router_topk_softmax
         self.gate_weight = param(w[f"{prefix}.gate.weight"].to(dtype))
+        self.gate_bias = param(w[f"{prefix}.gate.bias"].to(dtype)) if cfg.mlp_bias else None
         names = cfg.expert_names
+        kinds = ("weight", "bias") if cfg.mlp_bias else ("weight",)
         self.experts = nn.ModuleList(
-            GatedMLP(cfg, {f"expert.{shared}.weight": w[f"{prefix}.experts.{e}.{name}.weight"]
-                           for shared, name in zip(("gate_proj", "up_proj", "down_proj"), names)},
+            GatedMLP(cfg, {f"expert.{shared}.{kind}": w[f"{prefix}.experts.{e}.{name}.{kind}"]
+                           for shared, name in zip(("gate_proj", "up_proj", "down_proj"), names) for kind in kinds},
                      "expert", plan, dtype, intermediate_size=cfg.moe_intermediate_size, torch_linears=True)
             for e in range(cfg.num_experts))
         self._expert_list = list(self.experts)  # indexed per step without nn.ModuleList's lookups
@@ -62,7 +73,8 @@ class SparseMoE(nn.Module):
         """The block's output for x [tokens, hidden], plus `residual` (the layer's skip connection);
         `precise_rows` as GatedMLP's (None: each expert's call counts its own rows)."""
         n = x.shape[0]
-        weights, ids = route(F.linear(x, self.gate_weight), self.top_k, self.renormalize)
+        weights, ids = route(F.linear(x, self.gate_weight, self.gate_bias), self.top_k, self.renormalize,
+                             self.topk_softmax)
         # The pairs rank-major (rank j, then token): a stable sort by expert keeps, within each expert,
         # transformers' row order, and the rows of one token in ascending expert order.
         flat = ids.t().reshape(-1)

@@ -12,9 +12,32 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ROPE_TYPES", "llama3_factors", "llama3_rope_from_factors", "longrope_scaling"]
+__all__ = ["ROPE_TYPES", "llama3_factors", "llama3_rope_from_factors", "longrope_scaling", "yarn_scaling"]
 
-ROPE_TYPES = ("default", "linear", "llama3", "longrope")  # what RotaryEmbedding computes
+ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")  # what RotaryEmbedding computes
+
+
+def yarn_scaling(scaling: dict[str, Any], max_positions: int) -> dict[str, Any]:
+    """YaRN (gpt-oss: factor 32 over 4,096 positions): the scaling with what transformers derives where the
+    config leaves it out (_compute_yarn_parameters): `factor` from max_position_embeddings over the original
+    context, `attention_factor` (cos and sin scaled by it) 0.1 ln(factor) + 1, or the ratio of the mscale
+    terms where mscale and mscale_all_dim are given; beta_fast 32, beta_slow 1; `truncate` True (the
+    correction range rounded outwards to whole dims; gpt-oss's config says False)."""
+    orig = scaling.get("original_max_position_embeddings")
+    if not orig:
+        raise ValueError("yarn rope scaling needs original_max_position_embeddings")
+    factor = float(scaling.get("factor") or max_positions / int(orig))
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 0.1 * m * math.log(scale) + 1.0 if scale > 1 else 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return {**scaling, "factor": factor, "original_max_position_embeddings": int(orig),
+            "attention_factor": float(attention), "beta_fast": float(scaling.get("beta_fast") or 32),
+            "beta_slow": float(scaling.get("beta_slow") or 1), "truncate": bool(scaling.get("truncate", True))}
 
 
 def longrope_scaling(config: dict[str, Any], scaling: dict[str, Any], max_positions: int

@@ -34,7 +34,30 @@ def _inv_freq(head_dim: int, base: float, rope_scaling: Optional[dict]) -> torch
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(is_medium, smoothed, scaled)
+    if rope_type == "yarn":
+        return _yarn_inv_freq(head_dim, base, rope_scaling)
     raise ValueError(f"rope_scaling type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+
+
+def _yarn_inv_freq(dim: int, base: float, scaling: dict) -> torch.Tensor:
+    """YaRN's frequencies (rope_scaling.yarn_scaling's dict), in float32 as transformers computes them: the
+    fast dims (more than beta_fast turns over the original context) keep their frequency, the slow ones (under
+    beta_slow turns) are divided by `factor`, a linear ramp between."""
+    factor, orig = float(scaling["factor"]), float(scaling["original_max_position_embeddings"])
+
+    def correction_dim(turns: float) -> float:  # the dim whose wavelength turns `turns` times in `orig` positions
+        return dim * math.log(orig / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(float(scaling["beta_fast"])), correction_dim(float(scaling["beta_slow"]))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    return 1.0 / (factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
 
 
 class RotaryEmbedding(nn.Module):
@@ -43,7 +66,7 @@ class RotaryEmbedding(nn.Module):
         inv_freq = _inv_freq(head_dim, base, rope_scaling)
         freqs = torch.arange(max_position, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
-        # longrope scales cos and sin (the attention factor), as transformers does, in float32
+        # longrope and yarn scale cos and sin (the attention factor), as transformers does, in float32
         scale = float((rope_scaling or {}).get("attention_factor", 1.0))
         self.register_buffer("cos_cached", emb.cos() * scale, persistent=False)
         # rotate-half's sign folded into the sine once (first half negated): one index per step

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from vlite.layers.rope_scaling import llama3_rope_from_factors, longrope_scaling
+from vlite.layers.rope_scaling import llama3_rope_from_factors, longrope_scaling, yarn_scaling
 from vlite.model_arch import ModelArchConfig
 from vlite.model_loader.gguf_hybrid import linear_attention_fields
 from vlite.models.registry import ModelSpec, spec_for, spec_for_gguf
@@ -31,12 +31,15 @@ _GGUF_GEMMA_HIDDEN_QUERY_SCALE = {"gemma2": 46, "gemma3": 62}
 # Mixture families vlite reads from GGUF (vlite's name -> what the file's general.architecture says), and those of
 # them with one gated shared expert (ffn_*_shexp, ffn_gate_inp_shexp).
 _GGUF_MIXTURES = {"qwen3_moe": "qwen3moe", "mixtral": "llama (Mixtral)", "qwen35moe": "qwen35moe",
-                  "qwen3next": "qwen3next"}
+                  "qwen3next": "qwen3next", "gpt-oss": "gpt-oss"}
 _GGUF_SHARED_EXPERT = ("qwen35moe", "qwen3next")
 # What llama.cpp assumes where a family's GGUF file leaves a key out (Gemma 2 files converted before the
 # converter wrote them: the window of 4096 and the soft-caps 50 and 30 of every Gemma 2 checkpoint).
+# gpt-oss: its checkpoints' YaRN leaves the correction range unrounded (config.json's rope_parameters truncate:
+# false), which files do not record (llama.cpp's own rope rounds it; vlite follows the checkpoints, as transformers).
 _GGUF_UNSAID: dict[str, dict[str, Any]] = {
-    "gemma2": {"sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}}
+    "gemma2": {"sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    "gpt-oss": {"yarn_truncate": False}}
 
 
 def arch_from_gguf_metadata(reader: Any) -> ModelArchConfig:
@@ -70,6 +73,13 @@ def arch_from_gguf_metadata(reader: Any) -> ModelArchConfig:
         orig = key("rope.scaling.original_context_length")
         if orig is not None:
             rope_scaling["original_max_position_embeddings"] = int(orig)
+        if scaling_type == "yarn":  # llama.cpp's yarn_* keys where the converter wrote them
+            for name, field in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+                if key(f"rope.scaling.{field}") is not None:
+                    rope_scaling[name] = float(key(f"rope.scaling.{field}"))
+            truncate = _GGUF_UNSAID.get(spec.name, {}).get("yarn_truncate")
+            rope_scaling = yarn_scaling({**rope_scaling, **({} if truncate is None else {"truncate": truncate})},
+                                        max_pos)
     elif "rope_factors_short.weight" in tensor_names:  # Phi-3 LongRoPE: both factor lists as tensors
         from gguf.quants import dequantize
 

@@ -52,12 +52,14 @@ _GLOBAL_NAMES = {
 _SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 # A mixture layer's experts, stacked [experts, rows, K]: gate, up and down in the order of expert_names
-# (gate_up: gate's rows then up's, llama.cpp's --fuse-gate-up-exps).
-_EXPERTS_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.weight$")
+# (gate_up: gate's rows then up's, llama.cpp's --fuse-gate-up-exps); their biases [experts, rows] (gpt-oss).
+_EXPERTS_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.(weight|bias)$")
 _EXPERT_PARTS = ("gate", "up", "down")
 # One-row weights the models read as dense [1, K] tensors whatever the file's type (a quantizer may pack them;
 # llama-quantize writes them 1-D, without the trailing dim of 1): the shared expert's gate.
 _DENSE_ROWS = (".shared_expert_gate.weight",)
+# Hugging Face parameters named without a `.weight` (GGUF names every tensor with one): gpt-oss's sinks.
+_BARE = (".self_attn.sinks.weight",)
 
 
 def gguf_to_hf_name(name: str, layer_names: dict[str, str] | None = None) -> str | None:
@@ -121,7 +123,8 @@ def gguf_arch(path: Path, reader: Any = None) -> ModelArchConfig:
             continue
         hf_name = gguf_to_hf_name(t.name, layer_names)
         block = gguf_hybrid.block_of(t.name)
-        if ((_EXPERTS_RE.match(t.name) and config.num_experts) or (hf_name or "").endswith("_proj.weight")
+        if ((_EXPERTS_RE.match(t.name) and t.name.endswith(".weight") and config.num_experts)
+                or (hf_name or "").endswith("_proj.weight")
                 or (config.linear_layers and block is not None and block[1] in gguf_hybrid.LINEAR_MATRICES)):
             linear_types.add(t.tensor_type.name)
     if linear_types:
@@ -158,7 +161,8 @@ def _gguf_tensors(path: Path, reader: Any, config: ModelArchConfig, dtype: torch
             continue  # a multi-token-prediction block after the model's layers (nextn_predict_layers)
         experts = _EXPERTS_RE.match(t.name)
         if experts and config.num_experts:
-            yield from _split_experts(path, t, config, int(experts.group(1)), experts.group(2), dtype).items()
+            yield from _split_experts(path, t, config, int(experts.group(1)), experts.group(2), dtype,
+                                      experts.group(3)).items()
             continue
         # GGUF lists dims fastest-first; numpy (row-major) wants them reversed.
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
@@ -173,6 +177,8 @@ def _gguf_tensors(path: Path, reader: Any, config: ModelArchConfig, dtype: torch
         hf_name = gguf_to_hf_name(t.name, layer_names)
         if hf_name is None:
             raise ValueError(f"{path}: unexpected tensor {t.name!r} for a {config.architecture} GGUF file")
+        if hf_name.endswith(_BARE):
+            hf_name = hf_name.removesuffix(".weight")
         n_head = None
         if permuted:  # rows back from llama.cpp's interleaved-rotary order
             n_head = (config.num_attention_heads if ".self_attn.q_proj." in hf_name else
@@ -196,11 +202,15 @@ def _gguf_tensors(path: Path, reader: Any, config: ModelArchConfig, dtype: torch
 
 
 def _split_experts(path: Path, t: Any, config: ModelArchConfig, layer: int, part: str,
-                   dtype: torch.dtype) -> dict[str, Weight]:
+                   dtype: torch.dtype, kind: str = "weight") -> dict[str, Weight]:
     """One stacked expert tensor [experts, rows, K] -> each expert's 2-D weight under the checkpoint's
-    name; quantized ones stay in their blocks (each expert's rows are whole blocks of the stack). A fused
-    gate_up stack holds each expert's gate rows, then its up rows."""
-    e_count, rows, k = (int(d) for d in reversed(t.shape.tolist()))
+    name; quantized ones stay in their blocks (each expert's rows are whole blocks of the stack: the same
+    path, `to_packed`, for every GGUF type, MXFP4 included). A fused gate_up stack holds each expert's gate
+    rows, then its up rows. `kind` "bias": a stack of biases [experts, rows] -> each expert's (gpt-oss)."""
+    dims = [int(d) for d in reversed(t.shape.tolist())]
+    if len(dims) != (2 if kind == "bias" else 3):
+        raise ValueError(f"{path}: tensor {t.name!r} has shape {dims}, not a stack of each expert's {kind}")
+    e_count, rows, k = dims if kind == "weight" else (*dims, 0)
     if e_count != config.num_experts:
         raise ValueError(f"{path}: tensor {t.name!r} holds {e_count} experts, the metadata says {config.num_experts}")
     parts = ("gate", "up") if part == "gate_up" else (part,)
@@ -210,9 +220,9 @@ def _split_experts(path: Path, t: Any, config: ModelArchConfig, layer: int, part
     names = [config.expert_names[_EXPERT_PARTS.index(p)] for p in parts]
     out: dict[str, Weight] = {}
     for e in range(e_count):
-        value = _packed_or_dense(path, t.name, t.data[e], t.tensor_type, (rows, k))
+        value = _packed_or_dense(path, t.name, t.data[e], t.tensor_type, (rows, k) if k else (rows,))
         for j, name in enumerate(names):
-            hf_name = f"model.layers.{layer}.{config.moe_prefix}.experts.{e}.{name}.weight"
+            hf_name = f"model.layers.{layer}.{config.moe_prefix}.experts.{e}.{name}.{kind}"
             if isinstance(value, PackedTensors):
                 out[hf_name] = value if len(parts) == 1 else value.rows(torch.arange(j * n, (j + 1) * n))
             else:

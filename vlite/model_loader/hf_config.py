@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlite.layers.rope_scaling import ROPE_TYPES, longrope_scaling
+from vlite.layers.rope_scaling import ROPE_TYPES, longrope_scaling, yarn_scaling
 from vlite.model_arch import ModelArchConfig
 from vlite.model_loader.encoder_config import arch_from_encoder_config, num_labels
 from vlite.models.registry import (SUPPORTED_HF_ARCHITECTURES, ModelSpec, is_decoder_classifier, spec_for,
@@ -46,6 +46,8 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
     max_positions = int(config.get("max_position_embeddings", 2048))
     if rope_type == "longrope":
         rope_scaling, max_positions = longrope_scaling(config, rope_scaling, max_positions)
+    elif rope_type == "yarn":
+        rope_scaling = yarn_scaling(rope_scaling, max_positions)
 
     eos: list[int] = []
     extend_ids(eos, config.get("eos_token_id"))
@@ -58,7 +60,8 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
     bias = bool(config.get("attention_bias", False))  # Llama/Qwen3: q, k, v and o alike
     optional = {"rope_local_theta": rope_local_theta,
                 **{k: _float_or_none(config.get(k)) for k in (
-                    "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")},
+                    "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "swiglu_alpha",
+                    "swiglu_limit")},
                 # transformers 5 writes it into rope_parameters, 4 at the top level
                 "partial_rotary_factor": _float_or_none(config.get("partial_rotary_factor") or (
                     config.get("rope_parameters") or {}).get("partial_rotary_factor"))}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -67,9 +67,31 @@ def iter_hf_folder(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, Ite
 
 
 def _hf_tensors(path: Path, config: ModelArchConfig, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    expected = expected_weight_names(config)
+    transform = None
+    if config.is_causal:
+        from vlite.models.registry import spec_for
+
+        transform = spec_for(config.architecture).hf_tensor_transform or None
+    if transform is None:
+        tensors = ((name, read().to(dtype)) for name, read in _stored_tensors(path, config))
+    else:  # the family's own layout (gpt-oss: stacked, maybe MXFP4 experts) -> the shared names
+        import importlib
+
+        module, _, function = transform.partition(":")
+        tensors = getattr(importlib.import_module(module), function)(_stored_tensors(path, config), config, dtype)
+    for name, tensor in tensors:
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # tied: the engine reuses the embedding
+        if name not in expected:
+            raise ValueError(f"{path}: unexpected tensor {name!r} for a {config.architecture} checkpoint")
+        yield name, tensor
+
+
+def _stored_tensors(path: Path, config: ModelArchConfig) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """Each stored tensor the model may use, under its (renamed) name, with a function that reads it."""
     from safetensors import safe_open
 
-    expected = expected_weight_names(config)
     rename = None
     if not config.is_causal:  # encoders: `bert.`-prefixed task models, unused buffers and heads
         from vlite.model_loader.encoder_config import checkpoint_name as rename
@@ -85,11 +107,7 @@ def _hf_tensors(path: Path, config: ModelArchConfig, dtype: torch.dtype) -> Iter
                 name = rename(stored, config) if rename else stored
                 if name is None or _IGNORED.search(name):
                     continue
-                if name == "lm_head.weight" and config.tie_word_embeddings:
-                    continue  # tied: the engine reuses the embedding
-                if name not in expected:
-                    raise ValueError(f"{file}: unexpected tensor {name!r} for a {config.architecture} checkpoint")
-                yield name, f.get_tensor(stored).to(dtype)
+                yield name, (lambda f=f, stored=stored: f.get_tensor(stored))
 
 
 def _text_model_name(stored: str, renames: tuple[tuple[str, str], ...], skipped: tuple[str, ...]) -> str | None:

@@ -52,6 +52,9 @@ class ModelSpec:
     # (vlite/model_loader/gguf_hybrid.py); "tiled": their value heads in ggml's broadcast order (Qwen3.5), "hf":
     # in the checkpoint's order (Qwen3-Next).
     gguf_linear_attention: str = ""
+    # Hugging Face checkpoints: "module:function" turning the stored (name, tensor) pairs into the names and
+    # layout vlite's loaders share (gpt-oss: experts stacked in 3-D tensors, possibly MXFP4 blocks); "" none.
+    hf_tensor_transform: str = ""
     # Hugging Face checkpoints: stored-name prefixes renamed (a multimodal checkpoint's text model,
     # "model.language_model." -> "model.") and prefixes of tensors the text model does not use (its vision
     # tower, multi-token-prediction layers), skipped.
@@ -125,6 +128,16 @@ _SPECS = (
               gguf_qk_permuted=True,
               features={"norm_topk_prob": True, "moe_prefix": "block_sparse_moe", "expert_names": ("w1", "w3", "w2"),
                         "mlp_bias": False}, sliding_global_every=0),
+    # gpt-oss: Llama's pre-norm layer, q/k/v/o biases, per-head attention sinks, sliding (128) and full layers
+    # alternating, YaRN rope; every MLP a mixture (router bias, softmax over the chosen k, experts with biases and
+    # a clamped SwiGLU). Its checkpoints stack the experts (vlite/model_loader/gpt_oss_weights.py); GGUF files
+    # (llama.cpp's "gpt-oss") hold them as ffn_{gate,up,down}_exps with biases, the sinks as attn_sinks.
+    ModelSpec("gpt-oss", ("GptOssForCausalLM",), "vlite.models.gpt_oss:GptOssForCausalLM",
+              features={"attention_sinks": True, "router_topk_softmax": True, "hidden_act": "swiglu_oai",
+                        "mlp_bias": True, "attention_bias": True, "attention_out_bias": True},
+              sliding_global_every=2,
+              gguf_layer_names={"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
+              hf_tensor_transform="vlite.model_loader.gpt_oss_weights:hf_tensors"),
     ModelSpec("gemma2", ("Gemma2ForCausalLM",), "vlite.models.gemma2:Gemma2ForCausalLM",
               features=_GEMMA, defaults={"query_pre_attn_scalar": 256.0}, sliding_global_every=2,
               gguf_layer_names=_GEMMA_GGUF_NAMES, gguf_end_of_turn=("<end_of_turn>",)),
@@ -146,7 +159,8 @@ _SPECS = (
               gguf_layer_names=_GEMMA_GGUF_NAMES, gguf_end_of_turn=("<end_of_turn>",)),
 )
 _ALIASES = {"gemma3_text": "gemma3", "xlm-roberta": "roberta", "qwen3_5": "qwen35", "qwen3_5_text": "qwen35",
-            "qwen3_5_moe": "qwen35moe", "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}  # config.json model_type -> family
+            "qwen3_5_moe": "qwen35moe", "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
+            "gpt_oss": "gpt-oss"}  # config.json model_type -> family
 
 _BY_NAME = {s.name: s for s in _SPECS}
 _BY_HF = {a: s for s in _SPECS for a in s.hf_architectures}

@@ -21,6 +21,9 @@ its gathers start at the first block a query of the step still sees, so blocks t
 window (freed by the KV cache manager for all-sliding models, their block-table entries stale or
 -1) are never read. Attention-logit soft-capping (Gemma 2: scores = cap * tanh(scores / cap)) runs
 on the einsum path, which computes the scores explicitly; SDPA and the C++ kernel have no such step.
+Attention sinks (gpt-oss: a learned logit per query head in each softmax's denominator, no value) run on
+the C++ kernels (decode, blocked prefill, cascade) where they apply, else on the einsum path (SDPA has no
+such term).
 
     block_table row r:  [ b0 | b1 | b2 | ... ]         key position j lives in slot
     slot(j) = block_table[r, j // block_size] * block_size + j % block_size
@@ -329,23 +332,25 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
 
 
 def _attend_decodes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, g: _DecodeGroup,
-                    scale: float, whole_step: bool, window: int = 0, softcap: Optional[float] = None) -> torch.Tensor:
+                    scale: float, whole_step: bool, window: int = 0, softcap: Optional[float] = None,
+                    sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention output of the group's one-token queries, in group order [N, H, D].
 
     key_cache/value_cache: [H_kv, num_blocks, block_size, D]. `whole_step`: the group is every
     token of the step in order (an all-decode step), so no gather of its queries is needed.
+    `sinks`: float32 [H], each query head's attention sink (None: none).
     """
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[0]
     if _decode_kernel is not None and softcap is None and cpu_decode_attention.can_run(query):
         return _decode_kernel.paged_decode_attention(query if whole_step else query[g.token_idx], key_cache,
                                                      value_cache, g.block_table, g.seq_lens, scale, window,
-                                                     g.num_prefix_blocks)
+                                                     g.num_prefix_blocks, sinks)
     q = (query if whole_step else query[g.token_idx]).view(g.num_reqs, 1, num_heads, head_dim)
     k = key_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)  # [H_kv, N, L, D]
     v = value_cache.index_select(1, g.block_idx).view(num_kv_heads, g.num_reqs, -1, head_dim)
-    if softcap is not None:
-        o = _grouped_attention(q, k, v, g.mask, scale, softcap)
+    if softcap is not None or sinks is not None:
+        o = _grouped_attention(q, k, v, g.mask, scale, softcap, sinks)
     elif g.num_reqs == 1:
         # One decode (single-stream generation): its keys exactly, no mask, float32 SDPA. For
         # bf16 this beats the grouped kernel ~2x at this size (tiny bf16 matmuls are slow here).
@@ -363,7 +368,7 @@ def _attend_decodes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
 def _attend_prefills(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                      chunks: list[_PrefillChunk], scale: float, out: torch.Tensor,
-                     softcap: Optional[float] = None, window: int = 0) -> None:
+                     softcap: Optional[float] = None, window: int = 0, sinks: Optional[torch.Tensor] = None) -> None:
     """Each prompt chunk against its own keys (no padding), written into `out` at its token rows."""
     num_kv_heads, head_dim = key_cache.shape[0], key_cache.shape[-1]
     blocked = _decode_kernel is not None and not window and supports_cascade(query.dtype, head_dim, softcap)
@@ -371,16 +376,16 @@ def _attend_prefills(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
         if blocked:  # window 0: the chunk's blocks start at the sequence's first
             rows = slice(c.start, c.start + c.query_len)
             out[rows] = _decode_kernel.prefill_attention(query[rows].contiguous(), key_cache, value_cache, c.block_ids,
-                                                         c.num_keys - c.query_len, scale)
+                                                         c.num_keys - c.query_len, scale, sinks)
             continue
         k = key_cache.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :c.num_keys]
         v = value_cache.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :c.num_keys]
         rows = slice(c.start, c.start + c.query_len)
-        if softcap is not None:
+        if softcap is not None or sinks is not None:
             mask = c.mask if c.mask is not None else torch.ones(c.query_len, c.num_keys, dtype=torch.bool).tril(
                 c.num_keys - c.query_len)
             out[rows] = _grouped_attention(query[rows][None], k[:, None], v[:, None], mask[None, None], scale,
-                                           softcap)[0]
+                                           softcap, sinks)[0]
             continue
         q = query[rows].transpose(0, 1)[None]  # [1, H, Q, D]
         o = F.scaled_dot_product_attention(q, k[None], v[None], attn_mask=c.mask, is_causal=c.mask is None,
@@ -389,11 +394,13 @@ def _attend_prefills(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
 
 
 def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                       scale: float, softcap: Optional[float] = None) -> torch.Tensor:
+                       scale: float, softcap: Optional[float] = None, sinks: Optional[torch.Tensor] = None
+                       ) -> torch.Tensor:
     """q [N, Q, H, D], k/v [H_kv, N, L, D], mask [N, 1, Q, L] -> [N, Q, H, D].
 
     Each K/V head serves its H / H_kv query heads (as G * Q query rows) without being repeated.
-    `softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2).
+    `softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2). `sinks` [H]: each
+    query head's sink joins its softmax as one more column, dropped after (transformers' gpt-oss eager path).
     """
     n, q_len, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[0]
@@ -405,7 +412,12 @@ def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     if softcap is not None:
         scores = scores.div_(softcap).tanh_().mul_(softcap)
     scores = scores.view(num_kv_heads, n, group, q_len, -1).masked_fill_(~mask[None, :, :, :, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(num_kv_heads, n, group * q_len, -1)
+    if sinks is not None:
+        sink = sinks.float().view(num_kv_heads, 1, group, 1, 1).expand(-1, n, -1, q_len, 1)
+        scores = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        probs = scores.to(v.dtype).reshape(num_kv_heads, n, group * q_len, -1)
+    else:
+        probs = torch.softmax(scores, dim=-1).to(v.dtype).view(num_kv_heads, n, group * q_len, -1)
     out = torch.matmul(probs, v)  # [H_kv, N, G * Q, D]
     return out.view(num_kv_heads, n, group, q_len, head_dim).permute(1, 3, 0, 2, 4).reshape(
         n, q_len, num_heads, head_dim)
@@ -413,20 +425,20 @@ def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                     metadata: TorchSDPAMetadata, scale: float, window: int = 0,
-                    softcap: Optional[float] = None) -> torch.Tensor:
+                    softcap: Optional[float] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D].
 
     `window` > 0: each query sees only its last `window` keys (the metadata must have been built
-    with that window); `softcap`: attention-logit soft-capping.
+    with that window); `softcap`: attention-logit soft-capping; `sinks`: float32 [H] attention sinks.
     """
     with section("attention"):
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
         m = metadata.for_window(window)
         if not m.prefills and m.decode is not None:
-            return _attend_decodes(query, kv_cache[0], kv_cache[1], m.decode, scale, True, window, softcap)
+            return _attend_decodes(query, kv_cache[0], kv_cache[1], m.decode, scale, True, window, softcap, sinks)
         out = torch.empty_like(query)
         if m.decode is not None:
             out[m.decode.token_idx] = _attend_decodes(query, kv_cache[0], kv_cache[1], m.decode, scale, False,
-                                                      window, softcap)
-        _attend_prefills(query, kv_cache[0], kv_cache[1], m.prefills, scale, out, softcap, window)
+                                                      window, softcap, sinks)
+        _attend_prefills(query, kv_cache[0], kv_cache[1], m.prefills, scale, out, softcap, window, sinks)
         return out

@@ -48,16 +48,18 @@ class TritonAttentionMetadata:
         return self
 
     def paged_attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                        scale: float, window: int = 0, softcap: Optional[float] = None) -> torch.Tensor:
+                        scale: float, window: int = 0, softcap: Optional[float] = None,
+                        sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D] (the CPU backend's contract); the cascade
-        split when the step has a common prefix and this layer no window."""
+        split when the step has a common prefix and this layer no window nor attention sinks (the plain kernel
+        adds those: the same attention, the prefix read once per request)."""
         with section("attention"):
             reshape_and_cache(key, value, kv_cache, self.slot_mapping)
-            if self.common_prefix_len > 0 and window == 0:
+            if self.common_prefix_len > 0 and window == 0 and sinks is None:
                 return cascade_attention(query, kv_cache[0], kv_cache[1], self.block_table, self.query_start_loc,
                                          self.seq_lens, self.max_query_len, self.common_prefix_len, scale, softcap)
             return unified_attention(query, kv_cache[0], kv_cache[1], self.block_table, self.query_start_loc,
-                                     self.seq_lens, self.max_query_len, scale, window, softcap)
+                                     self.seq_lens, self.max_query_len, scale, window, softcap, sinks=sinks)
 
 
 class TritonAttentionBackend:

@@ -18,7 +18,9 @@ once for the whole group:
 Keys are read in tiles of TILE_N positions, each position through its own block-table entry (any
 block size works), with an online softmax in float32. Only entries of keys some query of the
 program sees are read: blocks behind every window may be -1 or stale. Soft-capping (Gemma 2)
-applies cap * tanh(score / cap) before the mask.
+applies cap * tanh(score / cap) before the mask. Attention sinks (gpt-oss: `sinks` [H] float32) join each
+row's softmax denominator after the last tile, as one more score with no value (not with an lse output:
+the cascade's passes would count them twice).
 
 Cascade attention (vlite.attention.ops.triton_cascade) runs the same kernel twice, each pass also
 writing every row's log-sum-exp (natural log of the scores after scale and soft-capping, -inf for a
@@ -40,14 +42,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _unified_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, block_table_ptr, qsl_ptr, seq_lens_ptr,
+def _unified_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, sinks_ptr, block_table_ptr, qsl_ptr, seq_lens_ptr,
                               scale, softcap, window, key_start, key_end, num_tokens,
                               stride_qt, stride_qh, stride_ot, stride_oh, stride_lt,
                               stride_ch, stride_cb, stride_cs, stride_bt,
                               NUM_QUERIES_PER_KV: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                               TILE_N: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr,
-                              ALL_QUERIES: tl.constexpr, STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                              ALL_QUERIES: tl.constexpr, STORE_LSE: tl.constexpr, USE_SINKS: tl.constexpr,
+                              DOT_PRECISION: tl.constexpr):
     seq = tl.program_id(0)  # 0 with ALL_QUERIES: block-table row 0 holds the prefix
     q_block = tl.program_id(1)
     kv_head = tl.program_id(2)
@@ -111,6 +114,12 @@ def _unified_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, block_table_p
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    if USE_SINKS:  # the sink as one more score: rescale to the larger max, add e^(sink - max) to the sum
+        sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32)
+        m_f = tl.maximum(m_i, sink)
+        alpha = tl.exp(m_i - m_f)  # 0 for a row that saw no key
+        l_i = l_i * alpha + tl.exp(sink - m_f)
+        acc = acc * alpha[:, None]
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -140,19 +149,25 @@ def _check(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tens
 def _launch(grid: tuple[int, int, int], query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
             out: torch.Tensor, lse: Optional[torch.Tensor], block_table: torch.Tensor, query_start_loc: torch.Tensor,
             seq_lens: torch.Tensor, bq: int, scale: float, softcap: Optional[float], window: int,
-            key_start: int, key_end: int, all_queries: bool, tile_n: int) -> None:
+            key_start: int, key_end: int, all_queries: bool, tile_n: int,
+            sinks: Optional[torch.Tensor] = None) -> None:
     group = query.shape[1] // key_cache.shape[0]
     head_dim = query.shape[2]
     if lse is not None:
         assert lse.dtype == torch.float32 and lse.shape == query.shape[:2] and lse.stride(1) == 1, lse.shape
+        assert sinks is None, "attention sinks with an lse output"
+    if sinks is not None:
+        assert sinks.dtype == torch.float32 and sinks.shape == (query.shape[1],) and sinks.is_contiguous(), sinks.shape
     _unified_attention_kernel[grid](
-        query, key_cache, value_cache, out, out if lse is None else lse, block_table, query_start_loc, seq_lens,
+        query, key_cache, value_cache, out, out if lse is None else lse, out if sinks is None else sinks, block_table,
+        query_start_loc, seq_lens,
         scale, float(softcap or 0.0), int(window), int(key_start), int(key_end), query.shape[0],
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         NUM_QUERIES_PER_KV=group, G_PAD=triton.next_power_of_2(group), BLOCK_Q=bq, HEAD_DIM=head_dim,
         D_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=key_cache.shape[2], TILE_N=tile_n,
         USE_SOFTCAP=bool(softcap), USE_WINDOW=window > 0, ALL_QUERIES=all_queries, STORE_LSE=lse is not None,
+        USE_SINKS=sinks is not None,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
 
 
@@ -160,14 +175,14 @@ def unified_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
                       block_table: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                       max_query_len: int, scale: float, window: int = 0, softcap: Optional[float] = None,
                       out: Optional[torch.Tensor] = None, tile_n: int = 32, key_start: int = 0,
-                      lse: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      lse: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """query [T, H, D] -> attention output [T, H, D] (into `out` when given, any float dtype).
 
     key_cache/value_cache [H_kv, num_blocks, block_size, D] with equal strides; block_table
     [B, max_blocks]; query_start_loc [B + 1]; seq_lens [B] (int32 or int64, on query's device).
     `max_query_len`: the step's longest query (a host int: it sizes the grid, so no device read).
     `key_start`: keys before it are left out (cascade's suffix pass); `lse` [T, H] float32: filled
-    with each row's log-sum-exp when given.
+    with each row's log-sum-exp when given; `sinks` [H] float32: attention sinks (not with `lse`).
     """
     num_tokens = query.shape[0]
     group = _check(query, key_cache, value_cache)
@@ -179,7 +194,7 @@ def unified_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     bq = block_q(max_query_len, group)
     grid = (num_seqs, triton.cdiv(max_query_len, bq), key_cache.shape[0])
     _launch(grid, query, key_cache, value_cache, out, lse, block_table, query_start_loc, seq_lens, bq, scale,
-            softcap, window, key_start, 0, False, tile_n)
+            softcap, window, key_start, 0, False, tile_n, sinks)
     return out
 
 

@@ -31,10 +31,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "the instruction set this build was compiled for");
   m.def("paged_decode_attention", &vlite::paged_decode_attention, pybind11::arg("query"), pybind11::arg("key_cache"),
         pybind11::arg("value_cache"), pybind11::arg("block_table"), pybind11::arg("seq_lens"), pybind11::arg("scale"),
-        pybind11::arg("window") = 0, pybind11::arg("num_prefix_blocks") = 0);
+        pybind11::arg("window") = 0, pybind11::arg("num_prefix_blocks") = 0, pybind11::arg("sinks") = pybind11::none());
   m.def("prefill_attention", &vlite::prefill_attention, pybind11::arg("query"), pybind11::arg("key_cache"),
         pybind11::arg("value_cache"), pybind11::arg("block_ids"), pybind11::arg("context_len"), pybind11::arg("scale"),
-        "causal attention of one request's prompt chunk [Q, H, D] at positions context_len.. over its blocks");
+        pybind11::arg("sinks") = pybind11::none(), "causal attention of one request's prompt chunk [Q, H, D] at positions context_len.. over its blocks");
   m.def("tile_gguf", &vlite::tile_gguf, pybind11::arg("raw"), pybind11::arg("code"), pybind11::arg("k"),
         pybind11::arg("qt"), pybind11::arg("scales"), pybind11::call_guard<pybind11::gil_scoped_release>(),
         "GGUF Q4_0/Q4_K/Q5_K/Q6_K rows -> the kernels' tiles (without the GIL: the tokenizer loads meanwhile)");

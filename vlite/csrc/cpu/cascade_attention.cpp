@@ -10,6 +10,7 @@
 //             sum l and unnormalized output acc
 //   suffix  decode_attention_fast from key P * block_size on (float32 out, with each head's lse)
 //   merge   per query head: o = (sum_c e^(m_c - M) acc_c + e^(lse_s - M) o_s) / (sum_c e^(m_c - M) l_c + e^(lse_s - M))
+//           (+ e^(sink - M) in the denominator where the model has attention sinks)
 //
 // The plain kernel reads the prefix once per row: ~1.5 MB a layer at 2,000 tokens for the default model,
 // held in L2/L3 after the first row, so its cost is the arithmetic (scores as per-key dot products with
@@ -282,7 +283,8 @@ void prefix_unit(const T* q, int64_t H, int64_t G, const T* kh, const T* vh, con
 
 template <int NV, typename T>
 void cascade_impl(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* sl, T* out, int64_t N,
-                  int64_t H, int64_t HKV, int64_t NB, int64_t BS, int64_t MB, float scale, int64_t P) {
+                  int64_t H, int64_t HKV, int64_t NB, int64_t BS, int64_t MB, float scale, int64_t P,
+                  const float* sinks) {
   constexpr int64_t D = NV * 16;
   const int64_t G = H / HKV, Lp = P * BS, chunks = (Lp + kChunk - 1) / kChunk;
   // Scratch kept between calls (a layer's ~0.7 MB of fresh pages cost page faults every call); the
@@ -314,7 +316,7 @@ void cascade_impl(const T* q, const T* kc, const T* vc, const int64_t* bt, const
       float mx = lse_s[i];
       for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, pm[(c * HKV + h) * N * G + vec]);
       const float ws = std::exp(lse_s[i] - mx);  // 0 where the row has no keys of its own (lse -inf)
-      float total = ws;
+      float total = ws + (sinks != nullptr ? std::exp(sinks[i % H] - mx) : 0.f);  // the attention sink's share
       Vec16 o[NV];
       for (int cc = 0; cc < NV; ++cc) o[cc] = Vec16::set1(ws) * Vec16::load(o_s + i * D + cc * 16);
       for (int64_t c = 0; c < chunks; ++c) {
@@ -333,7 +335,7 @@ void cascade_impl(const T* q, const T* kc, const T* vc, const int64_t* bt, const
 
 void cascade_decode_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                               const at::Tensor& bt, const at::Tensor& sl, double scale, int64_t num_prefix_blocks,
-                              at::Tensor& out) {
+                              const float* sinks, at::Tensor& out) {
   const int64_t N = q.size(0), H = q.size(1), D = q.size(2), HKV = key_cache.size(0), NB = key_cache.size(1),
                 BS = key_cache.size(2), MB = bt.size(1), P = num_prefix_blocks;
   TORCH_CHECK(D == 64 || D == 128 || D == 256, "cascade attention: head size 64, 128 or 256, got ", D);
@@ -354,7 +356,7 @@ void cascade_decode_attention(const at::Tensor& q, const at::Tensor& key_cache, 
     auto go = [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
       cascade_impl<NV, T>(q.data_ptr<T>(), key_cache.data_ptr<T>(), value_cache.data_ptr<T>(), btp, slp,
-                          out.data_ptr<T>(), N, H, HKV, NB, BS, MB, sc, P);
+                          out.data_ptr<T>(), N, H, HKV, NB, BS, MB, sc, P, sinks);
     };
     if (D == 64) go(std::integral_constant<int, 4>());
     else if (D == 128) go(std::integral_constant<int, 8>());

@@ -4,6 +4,9 @@
 //     s_g,j = (q[n, h*G + g] * scale) . K[h, block_table[n, j // B], j % B]    g < G, j < seq_len
 //     out[n, h*G + g] = softmax_j(s_g) @ V[h, block(j), j % B]
 //
+// Attention sinks (gpt-oss): where `sinks` [H] float32 is given, query head i's softmax denominator also holds
+// e^sinks[i] (a key with a score and no value): out = sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + e^(sinks[i] - m)).
+//
 // Scores, softmax and the output accumulator are float32, in Vec16 lanes (vec.h), so the same code
 // runs on AVX-512, AVX2 and the portable build. With a bf16 cache on a CPU with AVX512_BF16, the
 // scores and the P.V sums are `vdpbf16ps` dot products into float32 instead (kBf16Dot, pv_bf16).
@@ -26,7 +29,7 @@ constexpr int64_t kMaxVecs = 64;  // G * D / 16 accumulators kept in registers/s
 template <typename T>
 void decode_attention_impl(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* sl, T* out,
                            int64_t N, int64_t H, int64_t HKV, int64_t D, int64_t NB, int64_t BS, int64_t MB,
-                           float scale, int64_t window) {
+                           float scale, int64_t window, const float* sinks) {
   const int64_t G = H / HKV, nv = D / 16;
   at::parallel_for(0, N * HKV, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(G * D), acc(G * D), scores;
@@ -57,7 +60,7 @@ void decode_attention_impl(const T* q, const T* kc, const T* vc, const int64_t* 
         float* s = scores.data() + g * cnt;
         float m = -INFINITY;
         for (int64_t j = 0; j < cnt; ++j) m = std::max(m, s[j]);
-        float total = 0.f;
+        float total = sinks != nullptr ? std::exp(sinks[h * G + g] - m) : 0.f;
         for (int64_t j = 0; j < cnt; ++j) { s[j] = std::exp(s[j] - m); total += s[j]; }
         const float inv = 1.f / total;
         for (int64_t j = 0; j < cnt; ++j) s[j] *= inv;
@@ -115,11 +118,12 @@ static inline int64_t chunk_bound(int64_t first, int64_t cnt, int64_t S, int64_t
 
 // O: the output's type (T; float for a cascade's suffix, merged before its one rounding). key_start: no
 // row reads keys before it (a cascade's shared prefix, attended apart); lse: where given, each query
-// head's log-sum-exp [N, H] (-inf for a row with no keys, whose output is then 0).
+// head's log-sum-exp [N, H] (-inf for a row with no keys, whose output is then 0), of the keys alone; sinks: see
+// the top (not with lse: a cascade adds them in its merge).
 template <int NV, typename T, typename O = T>
 void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* sl, O* out,
                            int64_t N, int64_t H, int64_t HKV, int64_t NB, int64_t BS, int64_t MB, float scale,
-                           int64_t window, int64_t key_start = 0, float* lse = nullptr) {
+                           int64_t window, int64_t key_start = 0, float* lse = nullptr, const float* sinks = nullptr) {
   constexpr int64_t D = NV * 16;
   const int64_t G = H / HKV;
   // per row: its first key, key count and chunks; where its (kv head, chunk) partial results start
@@ -198,7 +202,8 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
           for (int64_t g = 0; g < G; ++g) {
             const int64_t v = r * G + g;
             if (lse != nullptr) lse[n * H + h * G + g] = l[v] > 0.f ? m[v] + std::log(l[v]) : -INFINITY;
-            const Vec16 inv = Vec16::set1(l[v] > 0.f ? 1.f / l[v] : 0.f);  // no keys (a cascade's suffix): 0
+            const float total = l[v] + (sinks != nullptr ? std::exp(sinks[h * G + g] - m[v]) : 0.f);
+            const Vec16 inv = Vec16::set1(l[v] > 0.f ? 1.f / total : 0.f);  // no keys (a cascade's suffix): 0
             for (int c = 0; c < NV; ++c) store16(op + g * D + c * 16, Vec16::load(acc.data() + v * D + c * 16) * inv);
           }
           continue;
@@ -255,7 +260,7 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
       for (int64_t g = 0; g < G; ++g) {
         float mx = -INFINITY;
         for (int64_t p = 0; p < S; ++p) mx = std::max(mx, pm[(t0 + p) * G + g]);
-        float total = 0.f;
+        float total = sinks != nullptr ? std::exp(sinks[h * G + g] - mx) : 0.f;
         Vec16 o[NV];
         for (int c = 0; c < NV; ++c) o[c] = Vec16::zero();
         for (int64_t p = 0; p < S; ++p) {
@@ -277,16 +282,26 @@ void decode_attention_fast(const T* q, const T* kc, const T* vc, const int64_t* 
 // cascade_attention.cpp: the shared prefix once for every row, the rest per row, merged
 void cascade_decode_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                               const at::Tensor& bt, const at::Tensor& sl, double scale, int64_t num_prefix_blocks,
-                              at::Tensor& out);
+                              const float* sinks, at::Tensor& out);
+
+// sinks: None, or float32 [H] (one per query head); the pointer the kernels read
+inline const float* sinks_ptr(const c10::optional<at::Tensor>& sinks, int64_t H, const char* op) {
+  if (!sinks.has_value()) return nullptr;
+  TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->dim() == 1 && sinks->size(0) == H,
+              op, ": sinks must be a contiguous float32 [", H, "] (one per query head)");
+  return sinks->data_ptr<float>();
+}
 
 // query [N, H, D]; key_cache, value_cache [H_kv, num_blocks, block_size, D] (contiguous);
 // block_table [N, max_blocks] int64; seq_lens [N] int64 -> out [N, H, D]
 // window > 0: each query sees only the last `window` keys of its sequence (sliding-window layers)
 // num_prefix_blocks > 0 (no window; head size 64, 128 or 256): every row's first that many blocks are the
 // same ones, attended once for all rows (cascade attention)
+// sinks: float32 [H], each query head's attention sink (see the top), or None
 at::Tensor paged_decode_attention(at::Tensor query, at::Tensor key_cache, at::Tensor value_cache,
                                   at::Tensor block_table, at::Tensor seq_lens, double scale,
-                                  int64_t window = 0, int64_t num_prefix_blocks = 0) {
+                                  int64_t window = 0, int64_t num_prefix_blocks = 0,
+                                  c10::optional<at::Tensor> sinks = c10::nullopt) {
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes());
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous());
   TORCH_CHECK(block_table.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong);
@@ -297,12 +312,13 @@ at::Tensor paged_decode_attention(at::Tensor query, at::Tensor key_cache, at::Te
   auto out = at::empty_like(q);
   const int64_t N = q.size(0), D = q.size(2);
   const int64_t* slp = sl.data_ptr<int64_t>();
+  const float* sk = sinks_ptr(sinks, q.size(1), "paged_decode_attention");
   for (int64_t n = 0; n < N; ++n)
     TORCH_CHECK(slp[n] >= 1 && slp[n] <= bt.size(1) * key_cache.size(2), "paged_decode_attention: seq_lens[", n,
                 "] = ", slp[n], " is outside [1, ", bt.size(1) * key_cache.size(2), "]");
   if (num_prefix_blocks > 0) {
     TORCH_CHECK(window == 0, "paged_decode_attention: a shared prefix with a sliding window");
-    cascade_decode_attention(q, key_cache, value_cache, bt, sl, scale, num_prefix_blocks, out);
+    cascade_decode_attention(q, key_cache, value_cache, bt, sl, scale, num_prefix_blocks, sk, out);
     return out;
   }
   auto run = [&](auto tag) {
@@ -316,10 +332,16 @@ at::Tensor paged_decode_attention(at::Tensor query, at::Tensor key_cache, at::Te
     const int64_t* btp = bt.data_ptr<int64_t>();
     const float sc = static_cast<float>(scale);
     switch (D) {
-      case 64: decode_attention_fast<4>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window); break;
-      case 128: decode_attention_fast<8>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window); break;
-      case 256: decode_attention_fast<16>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window); break;
-      default: decode_attention_impl<T>(qp, kp, vp, btp, slp, op, N, H, HKV, D, NB, BS, MB, sc, window); break;
+      case 64:
+        decode_attention_fast<4>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window, 0, nullptr, sk);
+        break;
+      case 128:
+        decode_attention_fast<8>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window, 0, nullptr, sk);
+        break;
+      case 256:
+        decode_attention_fast<16>(qp, kp, vp, btp, slp, op, N, H, HKV, NB, BS, MB, sc, window, 0, nullptr, sk);
+        break;
+      default: decode_attention_impl<T>(qp, kp, vp, btp, slp, op, N, H, HKV, D, NB, BS, MB, sc, window, sk); break;
     }
   };
   if (q.scalar_type() == at::kBFloat16) run(c10::BFloat16());

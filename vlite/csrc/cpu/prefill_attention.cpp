@@ -24,7 +24,7 @@ namespace vlite {
 namespace {
 template <int NV, typename T>
 void prefill_impl(const T* q, const T* kc, const T* vc, const int64_t* blocks, T* out, int64_t Q, int64_t H,
-                  int64_t HKV, int64_t NB, int64_t BS, int64_t ctx, float scale) {
+                  int64_t HKV, int64_t NB, int64_t BS, int64_t ctx, float scale, const float* sinks) {
   constexpr int64_t D = NV * 16;
   const int64_t G = H / HKV, rows = std::max<int64_t>(1, kVectors / G), groups = (Q + rows - 1) / rows;
   // Units handed out longest first (the last rows see the most keys) to whichever thread is free.
@@ -56,8 +56,8 @@ void prefill_impl(const T* q, const T* kc, const T* vc, const int64_t* blocks, T
           }
         }
       }
-      for (int64_t r = 0; r < R; ++r) {
-        const Vec16 inv = Vec16::set1(1.f / L[r]);
+      for (int64_t r = 0; r < R; ++r) {  // an attention sink adds e^(sink - M) to the denominator
+        const Vec16 inv = Vec16::set1(1.f / (L[r] + (sinks != nullptr ? std::exp(sinks[h * G + r % G] - M[r]) : 0.f)));
         T* dst = out + ((n0 + r / G) * H + h * G + r % G) * D;
         for (int cc = 0; cc < NV; ++cc) store16(dst + cc * 16, Vec16::load(O + r * D + cc * 16) * inv);
       }
@@ -67,7 +67,8 @@ void prefill_impl(const T* q, const T* kc, const T* vc, const int64_t* blocks, T
 }  // namespace
 
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                             const at::Tensor& block_ids, int64_t context_len, double scale) {
+                             const at::Tensor& block_ids, int64_t context_len, double scale,
+                             c10::optional<at::Tensor> sinks = c10::nullopt) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "prefill attention: query must be a contiguous [Q, H, D]");
   const int64_t Q = q.size(0), H = q.size(1), D = q.size(2), HKV = key_cache.size(0), NB = key_cache.size(1),
                 BS = key_cache.size(2);
@@ -82,13 +83,14 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& key_cache, c
   const int64_t* ids = block_ids.data_ptr<int64_t>();
   for (int64_t b = 0; b < (context_len + Q + BS - 1) / BS; ++b)
     TORCH_CHECK(ids[b] >= 0 && ids[b] < NB, "prefill attention: block id ", ids[b], " outside [0, ", NB, ")");
+  const float* sk = sinks_ptr(sinks, H, "prefill attention");
   at::Tensor out = at::empty_like(q);
   auto run = [&](auto tag) {
     using T = decltype(tag);
     auto go = [&](auto nv) {
       prefill_impl<decltype(nv)::value, T>(q.data_ptr<T>(), key_cache.data_ptr<T>(), value_cache.data_ptr<T>(), ids,
                                            out.data_ptr<T>(), Q, H, HKV, NB, BS, context_len,
-                                           static_cast<float>(scale));
+                                           static_cast<float>(scale), sk);
     };
     if (D == 64) go(std::integral_constant<int, 4>());
     else if (D == 128) go(std::integral_constant<int, 8>());
