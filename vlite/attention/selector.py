@@ -71,7 +71,8 @@ def get_attn_backend(device: torch.device) -> Any:
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                     metadata: Any, scale: float, window: int = 0, softcap: Optional[float] = None) -> torch.Tensor:
-    """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D], through the backend that built `metadata`."""
+    """query [T, H, D], key/value [T, H_kv, D] (None: already in the cache) -> [T, H, D], through the backend that
+    built `metadata`."""
     if isinstance(metadata, torch_sdpa.TorchSDPAMetadata):
         return torch_sdpa.paged_attention(query, key, value, kv_cache, metadata, scale, window, softcap)
     return metadata.paged_attention(query, key, value, kv_cache, scale, window, softcap)

@@ -14,7 +14,7 @@ import numpy as np
 
 __all__ = ["ROPE_TYPES", "llama3_factors", "llama3_rope_from_factors", "longrope_scaling"]
 
-ROPE_TYPES = ("default", "linear", "llama3", "longrope")  # what RotaryEmbedding computes
+ROPE_TYPES = ("default", "linear", "llama3", "longrope", "proportional")  # what RotaryEmbedding computes
 
 
 def longrope_scaling(config: dict[str, Any], scaling: dict[str, Any], max_positions: int

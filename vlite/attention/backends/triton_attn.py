@@ -52,7 +52,8 @@ class TritonAttentionMetadata:
         """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D] (the CPU backend's contract); the cascade
         split when the step has a common prefix and this layer no window."""
         with section("attention"):
-            reshape_and_cache(key, value, kv_cache, self.slot_mapping)
+            if key is not None:  # None: a KV-shared layer, its K/V written by the layer it reads
+                reshape_and_cache(key, value, kv_cache, self.slot_mapping)
             if self.common_prefix_len > 0 and window == 0:
                 return cascade_attention(query, kv_cache[0], kv_cache[1], self.block_table, self.query_start_loc,
                                          self.seq_lens, self.max_query_len, self.common_prefix_len, scale, softcap)
