@@ -81,3 +81,24 @@ def test_moe_matches_transformers(tokenizer: Any, model_dir: Path, prompt_ids: l
     llm, completions = tiny.run_vlite(folder, prompt_ids)
     assert llm.llm_engine.engine_core.model_runner.arch.moe_layers == tuple(range(8))
     print(tiny.assert_parity(completions, refs))
+
+
+@pytest.mark.skipif(tiny.llama_cpp_dir() is None, reason="llama.cpp's converter (../shared/anchors/llamacpp.sh)")
+def test_gguf_matches_transformers(hf_model: Any, folder: Path, model_dir: Path, prompt_ids: list[list[int]],
+                                   refs: list[Any]) -> None:
+    """The folder as llama.cpp's converter writes it (per-layer KV heads and MLP widths, key_length_swa, the
+    proportional rope as rope_freqs, stacked per-layer inputs): the same config and weights, the same tokens."""
+    path = tiny.llama_cpp_convert(folder, model_dir / "gemma4-f16.gguf", "f16")
+    cfg, weights = load_model_weights(resolve_model(str(path)), torch.float32)
+    hf_cfg, _ = load_model_weights(resolve_model(str(folder)), torch.float32)
+    fields = ("head_dim", "num_key_value_heads", "intermediate_size", "global_head_dim", "num_global_key_value_heads",
+              "attention_k_eq_v", "num_kv_shared_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input",
+              "layer_windows", "rope_theta", "rope_scaling", "rope_local_theta", "partial_rotary_factor",
+              "final_logit_softcapping", "norm_unit_offset", "qk_norm", "moe_layers")
+    assert [getattr(cfg, f) for f in fields] == [getattr(hf_cfg, f) for f in fields]
+    state = hf_model.state_dict()
+    for name in ("model.layers.5.post_per_layer_input_norm.weight", "model.layers.3.layer_scalar",
+                 "model.embed_tokens_per_layer.weight", "model.layers.2.self_attn.k_norm.weight"):
+        torch.testing.assert_close(weights[name], state[name], rtol=0, atol=0)
+    llm, completions = tiny.run_vlite(path, prompt_ids)
+    print(tiny.assert_parity(completions, refs))
