@@ -71,15 +71,40 @@ def test_hf_folder_matches_transformers(folder: Path, prompt_ids: list[list[int]
     print(tiny.assert_parity(completions, refs))
 
 
-def test_moe_matches_transformers(tokenizer: Any, model_dir: Path, prompt_ids: list[list[int]]) -> None:
-    """26B-A4B's features: the mixture beside every dense MLP, full layers with their own KV heads and v_proj, no
-    per-layer inputs; KV sharing kept."""
+MOE_PROMPTS = 4  # lengths 1, 4, 19 and 63: past the window, the longest in two chunks
+
+
+@pytest.fixture(scope="module")
+def moe(tokenizer: Any, model_dir: Path, prompt_ids: list[list[int]]) -> tuple[Any, Path, list[Any]]:
+    """26B-A4B's features: the mixture beside every dense MLP, full layers with their own head size and v_proj, no
+    per-layer inputs; KV sharing kept. The model, its folder, transformers' references on the first prompts."""
     model = _gemma4(12, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16,
-                    hidden_size_per_layer_input=0, num_global_key_value_heads=1)
-    refs = tiny.references(model, prompt_ids)
-    folder = tiny.save_hf(model, tokenizer, model_dir / "moe")
-    llm, completions = tiny.run_vlite(folder, prompt_ids)
+                    hidden_size_per_layer_input=0)
+    refs = tiny.references(model, prompt_ids[:MOE_PROMPTS])
+    return model, tiny.save_hf(model, tokenizer, model_dir / "moe"), refs
+
+
+def test_moe_matches_transformers(moe: tuple[Any, Path, list[Any]], prompt_ids: list[list[int]]) -> None:
+    _, folder, refs = moe
+    llm, completions = tiny.run_vlite(folder, prompt_ids[:MOE_PROMPTS])
     assert llm.llm_engine.engine_core.model_runner.arch.moe_layers == tuple(range(8))
+    print(tiny.assert_parity(completions, refs))
+
+
+@pytest.mark.skipif(tiny.llama_cpp_dir() is None, reason="llama.cpp's converter (../shared/anchors/llamacpp.sh)")
+def test_moe_gguf_matches_transformers(moe: tuple[Any, Path, list[Any]], model_dir: Path,
+                                       prompt_ids: list[list[int]]) -> None:
+    """The mixture as llama.cpp writes it: experts stacked (ffn_gate_up_exps), the router's scales as .scale tensors."""
+    model, folder, refs = moe
+    path = tiny.llama_cpp_convert(folder, model_dir / "moe-f16.gguf", "f16")
+    cfg, weights = load_model_weights(resolve_model(str(path)), torch.float32)
+    assert cfg.moe_layers == tuple(range(8)) and (cfg.num_experts, cfg.num_experts_per_tok) == (4, 2)
+    state = model.state_dict()
+    for name in ("model.layers.1.router.scale", "model.layers.1.router.per_expert_scale"):
+        torch.testing.assert_close(weights[name], state[name], rtol=0, atol=0)
+    torch.testing.assert_close(weights["model.layers.1.experts.gate_up_proj"].reshape(4, 32, 64),
+                               state["model.layers.1.experts.gate_up_proj"], rtol=0, atol=0)
+    llm, completions = tiny.run_vlite(path, prompt_ids[:MOE_PROMPTS])
     print(tiny.assert_parity(completions, refs))
 
 
