@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["ModelArchConfig", "LlamaArchConfig", "expected_weight_names"]
+__all__ = ["ModelArchConfig", "LlamaArchConfig", "expected_weight_names", "ignored_weight_names"]
 
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gate activations vlite.layers.mlp computes
 _ENCODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")  # vlite.layers.encoder.GELU_APPROXIMATIONS
@@ -284,6 +284,13 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
             if config.mlp_bias:
                 names.add(f"{p}mlp.{proj}.bias")
     return names
+
+
+def ignored_weight_names(config: ModelArchConfig) -> set[str]:
+    """Tensors a checkpoint may hold that the model does not use (skipped at load, as transformers skips them): the
+    k/v projections and norms of Gemma 4's KV-shared layers."""
+    return {f"model.layers.{i}.self_attn.{n}.weight" for i in config.attention_layers if config.kv_source(i) != i
+            for n in ("k_proj", "v_proj", "k_norm", "v_norm")}
 
 
 def _gemma4_weight_names(config: ModelArchConfig) -> set[str]:

@@ -5,6 +5,7 @@ window, prefilled in chunks of 32 beside other requests' decodes."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,18 @@ def test_config_and_kv_groups(folder: Path) -> None:
                                                                                ((3,), 16), ((4,), 16)]
     assert KVCacheConfig(1, groups).block_bytes == 2 * 4 * 4 * (1 * 32 + 2 * 16)
     assert [g.layer_indices for g in kv_cache_groups(cfg, 4, 4, split_windows=False)] == [(0, 1, 3, 4), (2,)]
+
+
+def test_checkpoint_with_shared_layers_kv_weights(folder: Path, tmp_path: Path) -> None:
+    """A checkpoint that keeps k/v weights for the KV-shared layers (transformers ignores them at load) loads alike."""
+    from safetensors.torch import save_file
+
+    copy = tmp_path / "hf"
+    shutil.copytree(folder, copy)
+    save_file({"model.layers.6.self_attn.k_proj.weight": torch.zeros(32, 64),
+               "model.layers.6.self_attn.v_norm.weight": torch.ones(16)}, str(copy / "extra.safetensors"))
+    _, weights = load_model_weights(resolve_model(str(copy)), torch.float32)
+    assert "model.layers.6.self_attn.k_proj.weight" not in weights
 
 
 def test_hf_folder_matches_transformers(folder: Path, prompt_ids: list[list[int]], refs: list[Any]) -> None:

@@ -19,7 +19,7 @@ import torch
 
 from vlite.layers import weight_arena
 from vlite.layers.packed import PackedTensors
-from vlite.model_arch import ModelArchConfig, expected_weight_names
+from vlite.model_arch import ModelArchConfig, expected_weight_names, ignored_weight_names
 from vlite.model_loader import gguf_gemma4, gguf_hybrid
 from vlite.model_loader.gguf_config import arch_from_gguf_metadata
 from vlite.model_loader.gguf_quants import DENSE_TYPES, SUPPORTED_TYPES, to_packed
@@ -150,8 +150,9 @@ def _gguf_tensors(path: Path, reader: Any, config: ModelArchConfig, dtype: torch
     permuted = spec.gguf_qk_permuted
     layer_names = {"ffn_gate_inp": f"{config.moe_prefix}.gate", **spec.gguf_layer_names}
     linear = set(config.linear_layers)
+    ignored = ignored_weight_names(config)
     for t in reader.tensors:
-        if t.name in _SKIPPED:
+        if t.name in _SKIPPED or gguf_to_hf_name(t.name, layer_names) in ignored:
             continue
         block = gguf_hybrid.block_of(t.name)
         if block is not None and block[0] >= config.num_hidden_layers and spec.gguf_linear_attention:

@@ -29,7 +29,7 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
                                                     config["text_config"].get("tie_word_embeddings", False))}
     if spec.features.get("is_causal") is False:  # BERT-style encoders: a config of their own
         return arch_from_encoder_config(config, spec)
-    if config.get("use_bidirectional_attention"):
+    if config.get("use_bidirectional_attention") not in (None, False, "vision"):  # "vision": text stays causal
         raise ValueError(f"{spec.name} models with bidirectional attention (embedding models) are not supported")
     if config.get("clip_qkv") is not None:  # OLMoE / OLMo 1 option: q, k, v clamped
         raise ValueError(f"{spec.name} models with clip_qkv are not supported")
@@ -67,7 +67,8 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
                 "mlp_bias": bool(config.get("mlp_bias", False)),
                 # Gemma names its activation hidden_activation (older configs carry both keys)
                 "hidden_act": config.get("hidden_activation") or config.get("hidden_act") or "silu",
-                **_hf_moe(config), **_hf_linear_attention(config), **_hf_gemma4(config), **spec.features}
+                **_hf_moe(config), **_hf_linear_attention(config),
+                **(_hf_gemma4(config) if spec.name == "gemma4" else {}), **spec.features}
     if is_decoder_classifier((config.get("architectures") or [""])[0]):  # the last token's states -> num_labels
         features.update(classifier="score", num_labels=num_labels(config))
     return ModelArchConfig(
@@ -143,8 +144,6 @@ def _hf_gemma4(config: dict[str, Any]) -> dict[str, Any]:
     """Gemma 4's fields ({} for other models): the full-attention layers' head size and KV heads (top-level keys,
     or transformers 5's per_layer_config of a full layer), KV sharing, per-layer inputs, the MLP beside a mixture
     on every layer (enable_moe_block; its top-k weights always renormalized)."""
-    if "num_kv_shared_layers" not in config and "hidden_size_per_layer_input" not in config:
-        return {}
     if config.get("attention_bias"):
         raise ValueError("gemma4 models with attention_bias are not supported")
     types = config.get("layer_types") or []

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import torch
 
-from vlite.model_arch import ModelArchConfig, expected_weight_names
+from vlite.model_arch import ModelArchConfig, expected_weight_names, ignored_weight_names
 from vlite.model_loader.hf_config import arch_from_hf_config
 
 _INDEX_FILE = "model.safetensors.index.json"
@@ -69,7 +69,7 @@ def iter_hf_folder(path: Path, dtype: torch.dtype) -> tuple[ModelArchConfig, Ite
 def _hf_tensors(path: Path, config: ModelArchConfig, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
-    expected = expected_weight_names(config)
+    expected, ignored = expected_weight_names(config), ignored_weight_names(config)
     rename = None
     if not config.is_causal:  # encoders: `bert.`-prefixed task models, unused buffers and heads
         from vlite.model_loader.encoder_config import checkpoint_name as rename
@@ -83,7 +83,7 @@ def _hf_tensors(path: Path, config: ModelArchConfig, dtype: torch.dtype) -> Iter
         with safe_open(str(file), framework="pt") as f:
             for stored in f.keys():
                 name = rename(stored, config) if rename else stored
-                if name is None or _IGNORED.search(name):
+                if name is None or _IGNORED.search(name) or name in ignored:
                     continue
                 if name == "lm_head.weight" and config.tie_word_embeddings:
                     continue  # tied: the engine reuses the embedding
