@@ -276,14 +276,16 @@ def _check_shapes(path: Path, config: ModelArchConfig, weights: dict[str, Weight
     first_shared = c.num_hidden_layers - c.num_kv_shared_layers  # Gemma 4's MLPs may be wider from here
 
     def by_suffix(layer: int) -> dict[str, tuple[int, int]]:  # a layer's heads: Gemma 4's full layers have their own
-        q_out, kv_out = c.num_attention_heads * c.layer_head_dim(layer), c.layer_kv_heads(layer) * c.layer_head_dim(layer)
+        d = c.layer_head_dim(layer)
+        q_out, kv_out = c.num_attention_heads * d, c.layer_kv_heads(layer) * d
         q_rows = 2 * q_out if c.attn_output_gate else q_out  # Qwen3.5: each head's query, then its output gate
         mlp = {".mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
                ".mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
                ".mlp.down_proj.weight": (c.hidden_size, c.intermediate_size)} if layer < first_shared else {}
-        return {".self_attn.q_proj.weight": (q_rows, c.hidden_size), ".self_attn.k_proj.weight": (kv_out, c.hidden_size),
-                ".self_attn.v_proj.weight": (kv_out, c.hidden_size), ".self_attn.o_proj.weight": (c.hidden_size, q_out),
-                **mlp}
+        return {".self_attn.q_proj.weight": (q_rows, c.hidden_size),
+                ".self_attn.k_proj.weight": (kv_out, c.hidden_size),
+                ".self_attn.v_proj.weight": (kv_out, c.hidden_size),
+                ".self_attn.o_proj.weight": (c.hidden_size, q_out), **mlp}
     for name, w in weights.items():
         layer = int(name.split(".")[2]) if name.startswith("model.layers.") else 0
         want = expected.get(name) or next((v for k, v in by_suffix(layer).items() if name.endswith(k)), None)
