@@ -64,6 +64,15 @@ def test_config_and_kv_groups(folder: Path) -> None:
     assert [g.layer_indices for g in kv_cache_groups(cfg, 4, 4, split_windows=False)] == [(0, 1, 3, 4), (2,)]
 
 
+def test_kv_sharing_without_a_source_is_refused(folder: Path) -> None:
+    """Every KV-shared layer needs an earlier layer of its kind that projects K/V: refused naming the field."""
+    from dataclasses import replace
+
+    cfg, _ = load_model_weights(resolve_model(str(folder)), torch.float32)
+    with pytest.raises(ValueError, match="num_kv_shared_layers"):
+        replace(cfg, num_kv_shared_layers=6)  # layers 2..7 shared: no full layer before them
+
+
 def test_checkpoint_with_shared_layers_kv_weights(folder: Path, tmp_path: Path) -> None:
     """A checkpoint that keeps k/v weights for the KV-shared layers (transformers ignores them at load) loads alike."""
     from safetensors.torch import save_file
