@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["ModelArchConfig", "LlamaArchConfig", "expected_weight_names"]
+__all__ = ["ModelArchConfig", "LlamaArchConfig", "expected_weight_names", "ignored_weight_names"]
 
 # the gate activations vlite.layers.mlp computes; "swiglu_oai": gpt-oss's clamped SwiGLU (swiglu_alpha, swiglu_limit)
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "swiglu_oai")
@@ -117,6 +117,16 @@ class ModelArchConfig:
     # Mixture layers with one always-on shared expert of this width, scaled by sigmoid(x @ shared_expert_gate)
     # (Qwen3.5-MoE, Qwen3-Next); 0: none.
     shared_expert_intermediate_size: int = 0
+    # Gemma 4 (vlite/models/gemma4.py): full-attention layers with their own head size and KV heads (0: head_dim,
+    # num_key_value_heads), their values the keys' projection (attention_k_eq_v); the last num_kv_shared_layers
+    # layers project no K/V and read those of the last earlier layer of their kind (`kv_source`); per-layer input
+    # embeddings of hidden_size_per_layer_input per layer (0: none) over vocab_size_per_layer_input tokens.
+    global_head_dim: int = 0
+    num_global_key_value_heads: int = 0
+    attention_k_eq_v: bool = False
+    num_kv_shared_layers: int = 0
+    hidden_size_per_layer_input: int = 0
+    vocab_size_per_layer_input: int = 0
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -151,6 +161,17 @@ class ModelArchConfig:
                                    or min(self.layer_windows) < 0):
             raise ValueError(f"layer_windows {self.layer_windows} must give each of the "
                              f"{self.num_hidden_layers} layers a window >= 0")
+        if self.num_kv_shared_layers:
+            first = self.num_hidden_layers - self.num_kv_shared_layers
+            kinds = {self.layer_window(i) for i in range(first)}
+            if first < 1 or any(self.layer_window(i) not in kinds for i in range(first, self.num_hidden_layers)):
+                raise ValueError(f"num_kv_shared_layers ({self.num_kv_shared_layers}): each of the last layers must "
+                                 f"find an earlier layer of its kind (sliding or full) that projects K/V, among the "
+                                 f"first {first} of {self.num_hidden_layers}")
+        heads = self.num_global_key_value_heads
+        if heads and self.num_attention_heads % heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_global_key_value_heads ({heads})")
 
     @property
     def rotary_dim(self) -> int:
@@ -178,6 +199,29 @@ class ModelArchConfig:
     def layer_window(self, layer: int) -> int:
         """The sliding window of `layer` (0: it attends to every key before the query)."""
         return self.layer_windows[layer] if self.layer_windows else 0
+
+    def layer_head_dim(self, layer: int) -> int:
+        """The head size of `layer`: global_head_dim on a full-attention layer where the model has one."""
+        return self.global_head_dim if self.global_head_dim and not self.layer_window(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """The KV heads of `layer`: num_global_key_value_heads on a full-attention layer where the model has them."""
+        full = self.num_global_key_value_heads and not self.layer_window(layer)
+        return self.num_global_key_value_heads if full else self.num_key_value_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose K/V `layer` attends over: itself, or for the last num_kv_shared_layers layers (Gemma 4)
+        the last layer before them of the same kind (window), as transformers' kv_sharing_modes picks it."""
+        first = self.num_hidden_layers - self.num_kv_shared_layers
+        if layer < first:
+            return layer
+        window = self.layer_window(layer)
+        return next(i for i in range(first - 1, -1, -1) if self.layer_window(i) == window)
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The attention layers that write a KV cache of their own (not the KV-shared ones)."""
+        return tuple(i for i in self.attention_layers if self.kv_source(i) == i)
 
     @property
     def attention_windows(self) -> tuple[int, ...]:
@@ -212,6 +256,8 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
     """Every tensor the model of ``config`` needs, Hugging Face naming (what both loaders produce)."""
     if not config.is_causal:
         return _encoder_weight_names(config)
+    if config.architecture == "gemma4":
+        return _gemma4_weight_names(config)
     names = {"model.embed_tokens.weight", "model.norm.weight"}
     if config.classifier == "score":  # XForSequenceClassification: a score head in place of the LM head
         names.add("score.weight")
@@ -253,6 +299,45 @@ def expected_weight_names(config: ModelArchConfig) -> set[str]:
             names.add(f"{p}mlp.{proj}.weight")
             if config.mlp_bias:
                 names.add(f"{p}mlp.{proj}.bias")
+    return names
+
+
+def ignored_weight_names(config: ModelArchConfig) -> set[str]:
+    """Tensors a checkpoint may hold that the model does not use (skipped at load, as transformers skips them): the
+    k/v projections and norms of Gemma 4's KV-shared layers."""
+    return {f"model.layers.{i}.self_attn.{n}.weight" for i in config.attention_layers if config.kv_source(i) != i
+            for n in ("k_proj", "v_proj", "k_norm", "v_norm")}
+
+
+def _gemma4_weight_names(config: ModelArchConfig) -> set[str]:
+    """Gemma 4's tensors (transformers' Gemma4ForCausalLM names): per layer four norms, a scalar, q (and k, v where
+    the layer projects its own K/V; k alone where values are keys), the dense MLP beside the optional mixture
+    (router, experts stacked [E, ...] as transformers stores them, three more norms) and the per-layer input's
+    gate, projection and norm."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"} | (set() if config.tie_word_embeddings
+                                                                  else {"lm_head.weight"})
+    if config.hidden_size_per_layer_input:
+        names |= {f"model.{n}.weight" for n in ("embed_tokens_per_layer", "per_layer_model_projection",
+                                                 "per_layer_projection_norm")}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names |= {f"{p}{n}.weight" for n in ("input_layernorm", "post_attention_layernorm",
+                                              "pre_feedforward_layernorm", "post_feedforward_layernorm",
+                                              "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                                              "self_attn.q_proj", "self_attn.q_norm", "self_attn.o_proj")}
+        names.add(p + "layer_scalar")
+        if config.kv_source(i) == i:
+            names |= {f"{p}self_attn.k_proj.weight", f"{p}self_attn.k_norm.weight"}
+            if not (config.attention_k_eq_v and not config.layer_window(i)):
+                names.add(f"{p}self_attn.v_proj.weight")
+        if config.hidden_size_per_layer_input:
+            names |= {f"{p}{n}.weight" for n in ("per_layer_input_gate", "per_layer_projection",
+                                                  "post_per_layer_input_norm")}
+        if i in config.moe_layers:
+            names |= {f"{p}router.proj.weight", f"{p}router.scale", f"{p}router.per_expert_scale",
+                      f"{p}experts.gate_up_proj", f"{p}experts.down_proj"}
+            names |= {f"{p}{n}.weight" for n in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                                                  "pre_feedforward_layernorm_2")}
     return names
 
 

@@ -25,6 +25,7 @@ _BASE = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidd
     ("Qwen3ForCausalLM", "qwen3", "Qwen3ForCausalLM"),
     ("Gemma2ForCausalLM", "gemma2", "Gemma2ForCausalLM"),
     ("Gemma3ForCausalLM", "gemma3", "Gemma3ForCausalLM"),
+    ("Gemma4ForCausalLM", "gemma4", "Gemma4ForCausalLM"),
     ("Qwen3MoeForCausalLM", "qwen3_moe", "Qwen3MoeForCausalLM"),
     ("OlmoeForCausalLM", "olmoe", "OlmoeForCausalLM"),
     ("MixtralForCausalLM", "mixtral", "MixtralForCausalLM"),
@@ -96,8 +97,8 @@ def test_unsupported_gguf_architecture_is_named(tmp_path: Path, arch: str) -> No
     with pytest.raises(ValueError, match=f"unsupported GGUF architecture '{arch}'") as e:
         load_model_weights(resolve_model(str(path)), torch.float32)
     _assert_lists_supported(str(e.value), registry.SUPPORTED_GGUF_ARCHITECTURES)
-    assert set(registry.SUPPORTED_GGUF_ARCHITECTURES) == {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
-                                                          "olmo2", "smollm3", "qwen3moe", "qwen35",
+    assert set(registry.SUPPORTED_GGUF_ARCHITECTURES) == {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "gemma4",
+                                                          "phi3", "olmo2", "smollm3", "qwen3moe", "qwen35",
                                                           "qwen35moe", "qwen3next", "gpt-oss"}
 
 

@@ -310,6 +310,10 @@ import conversion.base
 # The tiny tokenizer's pre-tokenizer is no released model's, so the converter's fingerprint table does not know it;
 # it is Qwen2's split (tiny_tokenizer). Nothing else of the converter is touched.
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+# Gemma 4's converter reads only a Llama-style BPE (gguf.LlamaHfVocab): the tiny byte-level BPE goes in as GPT-2's,
+# as for every other family (the tensors and model metadata are what the tests compare).
+import conversion.gemma
+conversion.gemma.Gemma4Model.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 sys.argv[0] = tree + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

@@ -72,8 +72,8 @@ def get_attn_backend(device: torch.device) -> Any:
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                     metadata: Any, scale: float, window: int = 0, softcap: Optional[float] = None,
                     sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D], through the backend that built `metadata`;
-    `sinks`: float32 [H] attention sinks (gpt-oss), or None."""
+    """query [T, H, D], key/value [T, H_kv, D] (None: already in the cache) -> [T, H, D], through the backend that
+    built `metadata`; `sinks`: float32 [H] attention sinks (gpt-oss), or None."""
     if isinstance(metadata, torch_sdpa.TorchSDPAMetadata):
         return torch_sdpa.paged_attention(query, key, value, kv_cache, metadata, scale, window, softcap, sinks)
     return metadata.paged_attention(query, key, value, kv_cache, scale, window, softcap, sinks)

@@ -76,15 +76,25 @@ class KVCacheConfig:
         return tuple(g for g in self.kv_cache_groups if isinstance(g.kv_cache_spec, FullAttentionSpec))
 
     @property
-    def group_size(self) -> int:
-        """Layers per attention group: the KV buffers, each shared by one layer of every group."""
-        return max((len(g.layer_indices) for g in self.attention_groups), default=0)
+    def buffer_shapes(self) -> tuple[tuple[int, int, int], ...]:
+        """The KV buffers a block of the pool is a page of, as (kv heads, head size, count) per page shape: layer j of
+        every attention group of one shape shares that shape's j-th buffer (a block is held by one group at a
+        time), and a shape has as many buffers as its largest group has layers. One shape but for Gemma 4,
+        whose full-attention layers have heads of their own size."""
+        shapes: dict[tuple[int, int], int] = {}
+        for g in self.attention_groups:
+            key = (g.kv_cache_spec.num_kv_heads, g.kv_cache_spec.head_size)
+            shapes[key] = max(shapes.get(key, 0), len(g.layer_indices))
+        return tuple((heads, size, n) for (heads, size), n in shapes.items())
 
     @property
     def block_bytes(self) -> int:
-        """One block of the shared pool: a page of each of the group_size buffers."""
+        """One block of the shared pool: a page of each buffer (`buffer_shapes`)."""
         groups = self.attention_groups
-        return self.group_size * groups[0].kv_cache_spec.page_size_bytes if groups else 0
+        if not groups:
+            return 0
+        spec = groups[0].kv_cache_spec
+        return sum(n * 2 * spec.block_size * heads * size * spec.dtype_bytes for heads, size, n in self.buffer_shapes)
 
     @property
     def group_windows(self) -> tuple[int, ...]:
@@ -124,31 +134,37 @@ def kv_cache_groups(arch: ModelArchConfig, block_size: int, dtype_bytes: int,
                     split_windows: bool = True) -> tuple[KVCacheGroupSpec, ...]:
     """The model's KV cache groups: its attention layers, and its linear-attention layers where it has them.
 
-    Attention layers of one kind (one window) make one group. Where kinds mix (Gemma 2/3, gpt-oss: sliding and
-    full layers) and `split_windows`, each kind is cut into groups of as many layers as the smallest kind has
-    (vLLM's hybrid allocator): every group then has the same number of layers, layer j of each group shares the
-    j-th KV buffer with layer j of the others, and a block of the shared pool is one page of those buffers,
-    held by one group at a time. The last group of a kind may have fewer layers (its missing ones are padding).
-    Without `split_windows` (backends that read one block table) the attention layers stay one group that keeps
-    every block, sliding ones included. Full-attention groups come first."""
+    Attention layers of one kind (one window, one head shape) make one group. Where kinds mix (Gemma 2/3, gpt-oss:
+    sliding and full layers) and `split_windows`, each kind is cut into groups of as many layers as the smallest
+    kind has (vLLM's hybrid allocator): every group then has the same number of layers, layer j of each group
+    shares the j-th KV buffer of its head shape with layer j of the others, and a block of the shared pool is one
+    page of those buffers, held by one group at a time. The last group of a kind may have fewer layers (its
+    missing ones are padding). Without `split_windows` (backends that read one block table) the attention layers
+    of one head shape stay one group that keeps every block, sliding ones included. Full-attention groups come
+    first. Layers that share another's K/V (Gemma 4's last ones) are in no group: they read their source's pages."""
     groups = []
-    by_window: dict[int, list[int]] = {}
-    for i in arch.attention_layers:
-        by_window.setdefault(arch.layer_window(i), []).append(i)
+    by_kind: dict[tuple[int, int, int], list[int]] = {}  # (window, kv heads, head size) -> its layers
+    for i in arch.kv_layers:  # KV-shared layers (Gemma 4) read their source layer's pages and hold none
+        by_kind.setdefault((arch.layer_window(i), arch.layer_kv_heads(i), arch.layer_head_dim(i)), []).append(i)
 
-    def spec(window: int) -> FullAttentionSpec:
+    def spec(window: int, heads: int, size: int) -> FullAttentionSpec:
         if window:
-            return SlidingWindowSpec(block_size, arch.num_key_value_heads, arch.head_dim, dtype_bytes, window)
-        return FullAttentionSpec(block_size, arch.num_key_value_heads, arch.head_dim, dtype_bytes)
+            return SlidingWindowSpec(block_size, heads, size, dtype_bytes, window)
+        return FullAttentionSpec(block_size, heads, size, dtype_bytes)
 
-    if len(by_window) == 1 or (by_window and not split_windows):
-        window = next(iter(by_window)) if len(by_window) == 1 else 0
-        groups.append(KVCacheGroupSpec(arch.attention_layers, spec(window)))
-    elif by_window:
-        size = min(len(layers) for layers in by_window.values())
-        for window in sorted(by_window):
-            layers = by_window[window]
-            groups += [KVCacheGroupSpec(tuple(layers[i:i + size]), spec(window)) for i in range(0, len(layers), size)]
+    if len(by_kind) == 1:
+        (kind, layers), = by_kind.items()
+        groups.append(KVCacheGroupSpec(tuple(layers), spec(*kind)))
+    elif by_kind and not split_windows:  # one full group per head shape, each keeping every block
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for (_, heads, size), layers in by_kind.items():
+            by_shape.setdefault((heads, size), []).extend(layers)
+        groups += [KVCacheGroupSpec(tuple(sorted(layers)), spec(0, *shape)) for shape, layers in by_shape.items()]
+    elif by_kind:
+        size = min(len(layers) for layers in by_kind.values())
+        for kind in sorted(by_kind):
+            layers = by_kind[kind]
+            groups += [KVCacheGroupSpec(tuple(layers[i:i + size]), spec(*kind)) for i in range(0, len(layers), size)]
     if arch.linear_layers:
         conv = (arch.linear_conv_dim, arch.linear_conv_kernel_dim - 1)
         ssm = (arch.linear_num_value_heads, arch.linear_key_head_dim, arch.linear_value_head_dim)

@@ -133,6 +133,9 @@ class EngineArgs:
         if lora_config is not None and pooler_config is not None:
             raise ValueError(f"enable_lora: LoRA adapters apply to text generation only, and {resolved.name} runs "
                              f"as a pooling model (runner='pooling', embeddings and scores); leave --enable-lora off")
+        if lora_config is not None and arch.architecture == "gemma4":  # LoRA's layout assumes one head size
+            raise ValueError("enable_lora: gemma4 models (heads of two sizes, KV-shared layers) take no LoRA adapters "
+                             "yet; leave --enable-lora off")
         # KV cache groups: sliding and full layers apart where the backend reads a block table per group (CPU)
         groups = kv_cache_groups(arch, self.block_size, torch.empty((), dtype=torch_dtype).element_size(),
                                  split_windows=device == "cpu") if arch.is_causal else ()

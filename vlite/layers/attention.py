@@ -40,8 +40,9 @@ QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 class Attention(nn.Module):
     def __init__(self, cfg: ModelArchConfig, w: Weights, prefix: str, plan: QuantizationPlan,
                  dtype: torch.dtype, layer: int = 0, scale: Optional[float] = None,
-                 softcap: Optional[float] = None) -> None:
-        """`scale`: of the scores (None: head_dim ** -0.5); `softcap`: scores = cap * tanh(scores / cap)."""
+                 softcap: Optional[float] = None, projections: str = "qkv") -> None:
+        """`scale`: of the scores (None: head_dim ** -0.5); `softcap`: scores = cap * tanh(scores / cap);
+        `projections`: those the layer has, fused in this order (Gemma 4: "q" where it reads another layer's K/V)."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads, cfg.num_key_value_heads,
                                                             cfg.head_dim)
@@ -53,9 +54,9 @@ class Attention(nn.Module):
         self.softcap = softcap
         self.sinks = param(w[f"{prefix}.sinks"].float()) if cfg.attention_sinks else None
         # Fused QKV projection: one matmul instead of three.
-        self.qkv_bias = (fused_bias(w, [f"{prefix}.{n}_proj.bias" for n in "qkv"], dtype)
+        self.qkv_bias = (fused_bias(w, [f"{prefix}.{n}_proj.bias" for n in projections], dtype)
                          if cfg.attention_bias else None)
-        self.qkv_weight = linear_weight(fuse_rows([w[f"{prefix}.{n}_proj.weight"] for n in "qkv"]), plan, dtype)
+        self.qkv_weight = linear_weight(fuse_rows([w[f"{prefix}.{n}_proj.weight"] for n in projections]), plan, dtype)
         self.o_weight = linear_weight(w[f"{prefix}.o_proj.weight"], plan, dtype)
         # Tensor parallelism: this rank's heads only (cfg is the rank's); o's partial sums are all-reduced,
         # its bias and the skip connection added by rank 0 alone.

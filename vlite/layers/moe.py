@@ -72,9 +72,16 @@ class SparseMoE(nn.Module):
                 precise_rows: Optional[int] = None) -> torch.Tensor:
         """The block's output for x [tokens, hidden], plus `residual` (the layer's skip connection);
         `precise_rows` as GatedMLP's (None: each expert's call counts its own rows)."""
-        n = x.shape[0]
         weights, ids = route(F.linear(x, self.gate_weight, self.gate_bias), self.top_k, self.renormalize,
                              self.topk_softmax)
+        out = self.experts_sum(x, weights, ids, precise_rows)
+        return out if residual is None else out + residual
+
+    def experts_sum(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                    precise_rows: Optional[int] = None) -> torch.Tensor:
+        """sum_j weights[t, j] * expert[ids[t, j]](x[t]) for each token t of x [tokens, hidden] (ids, weights:
+        [tokens, top_k], the routing)."""
+        n = x.shape[0]
         # The pairs rank-major (rank j, then token): a stable sort by expert keeps, within each expert,
         # transformers' row order, and the rows of one token in ascending expert order.
         flat = ids.t().reshape(-1)
@@ -89,9 +96,7 @@ class SparseMoE(nn.Module):
                                                                      precise_rows=precise_rows)
                 start += count
         out_rows *= weights.t().reshape(-1)[order].to(x.dtype)[:, None]
-        out = torch.zeros_like(x).index_add_(0, tokens, out_rows)
-        return out if residual is None else out + residual
-
+        return torch.zeros_like(x).index_add_(0, tokens, out_rows)
 
 
 class SharedExpertMoE(SparseMoE):

@@ -14,7 +14,7 @@ import numpy as np
 
 __all__ = ["ROPE_TYPES", "llama3_factors", "llama3_rope_from_factors", "longrope_scaling", "yarn_scaling"]
 
-ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")  # what RotaryEmbedding computes
+ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn", "proportional")  # what RotaryEmbedding computes
 
 
 def yarn_scaling(scaling: dict[str, Any], max_positions: int) -> dict[str, Any]:

@@ -23,6 +23,10 @@ def _inv_freq(head_dim: int, base: float, rope_scaling: Optional[dict]) -> torch
         return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** shape)
     if rope_type == "linear":
         return inv_freq / float(rope_scaling["factor"])
+    if rope_type == "proportional":  # Gemma 4's global layers: the first share of each half rotates, the rest not
+        rotated = int(float(rope_scaling.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+        inv_freq[rotated:] = 0.0  # angle 0: cos 1, sin 0
+        return inv_freq / float(rope_scaling.get("factor", 1.0))
     if rope_type == "llama3":
         factor = float(rope_scaling["factor"])
         low = float(rope_scaling["low_freq_factor"])

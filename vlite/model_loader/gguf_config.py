@@ -54,7 +54,8 @@ def arch_from_gguf_metadata(reader: Any) -> ModelArchConfig:
         spec = spec_for("mixtral")
     hidden = int(key("embedding_length"))
     n_heads = int(key("attention.head_count"))
-    n_kv = int(key("attention.head_count_kv", n_heads))
+    n_kv = key("attention.head_count_kv", n_heads)  # per layer in Gemma 4 files (gguf_gemma4)
+    n_kv = int(n_kv[0] if isinstance(n_kv, (list, tuple)) else n_kv)
     # llama.cpp's n_embd_head_k and n_rot: rotary may turn fewer dims than a head has (Phi-4-mini)
     head_dim = int(key("attention.key_length", 0) or hidden // n_heads)
     rotary_dims = int(key("rope.dimension_count", 0) or head_dim)
@@ -90,7 +91,7 @@ def arch_from_gguf_metadata(reader: Any) -> ModelArchConfig:
             {"original_max_position_embeddings": key("rope.scaling.original_context_length")},
             {"rope_type": "longrope", **factors,
              **({} if attention is None else {"attention_factor": float(attention)})}, max_pos)
-    elif "rope_freqs.weight" in tensor_names:
+    elif "rope_freqs.weight" in tensor_names and spec.name != "gemma4":  # gemma4's: its proportional rope
         # llama.cpp bakes llama3 rope scaling into per-frequency divisors.
         from gguf.quants import dequantize
 
@@ -136,21 +137,28 @@ def arch_from_gguf_metadata(reader: Any) -> ModelArchConfig:
                 "qk_norm": "blk.0.attn_q_norm.weight" in tensor_names,
                 "partial_rotary_factor": rotary_dims / head_dim, **spec.features}
     nope_every = spec.gguf_nope_every
-    features.update(_gguf_moe(spec, key, tensor_names, n_layers))
+    features.update(_gguf_moe(spec, key, tensor_names, n_layers) if spec.name != "gemma4" else {})
     if spec.gguf_linear_attention:  # Qwen3.5 / Qwen3-Next: Gated DeltaNet layers among the attention layers
         features.update(linear_attention_fields(arch, key, n_layers))
+    sizes = dict(intermediate_size=key("feed_forward_length") or key("expert_feed_forward_length"),
+                 num_key_value_heads=n_kv, head_dim=head_dim, rope_scaling=rope_scaling)
+    if spec.name == "gemma4":  # per-layer head sizes, widths and KV heads, per-layer inputs, KV sharing, mixtures
+        from vlite.model_loader.gguf_gemma4 import gemma4_fields
+
+        features.update(gemma4_fields(key, tensor_names, n_layers, layer_windows, n_heads))
+        sizes = {k: features.pop(k) for k in sizes}
     return ModelArchConfig(
         architecture=spec.name,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length") or key("expert_feed_forward_length")),
+        intermediate_size=int(sizes["intermediate_size"]),
         num_hidden_layers=n_layers,
         num_attention_heads=n_heads,
-        num_key_value_heads=n_kv,
-        head_dim=head_dim,
+        num_key_value_heads=sizes["num_key_value_heads"],
+        head_dim=sizes["head_dim"],
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=theta,
-        rope_scaling=rope_scaling,
+        rope_scaling=sizes["rope_scaling"],
         max_position_embeddings=max_pos,
         tie_word_embeddings="output.weight" not in tensor_names,
         bos_token_id=None if bos is None else int(bos),

@@ -19,8 +19,8 @@ import torch
 
 from vlite.layers import weight_arena
 from vlite.layers.packed import PackedTensors
-from vlite.model_arch import ModelArchConfig, expected_weight_names
-from vlite.model_loader import gguf_hybrid
+from vlite.model_arch import ModelArchConfig, expected_weight_names, ignored_weight_names
+from vlite.model_loader import gguf_gemma4, gguf_hybrid
 from vlite.model_loader.gguf_config import arch_from_gguf_metadata
 from vlite.model_loader.gguf_quants import DENSE_TYPES, SUPPORTED_TYPES, to_packed
 from vlite.model_loader.gguf_reader import GGUFReader
@@ -50,7 +50,7 @@ _GLOBAL_NAMES = {
 # Tensors that carry no weights for the HF layout (rope_freqs and Phi-3's LongRoPE factors are folded into
 # the config).
 _SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z0-9_]+)\.(weight|bias)$")
 # A mixture layer's experts, stacked [experts, rows, K]: gate, up and down in the order of expert_names
 # (gate_up: gate's rows then up's, llama.cpp's --fuse-gate-up-exps); their biases [experts, rows] (gpt-oss).
 _EXPERTS_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.(weight|bias)$")
@@ -109,7 +109,7 @@ def gguf_arch(path: Path, reader: Any = None) -> ModelArchConfig:
     reader = reader or open_gguf(path)
     config = arch_from_gguf_metadata(reader)
     spec = spec_for(config.architecture)
-    layer_names = {**spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
+    layer_names = {"ffn_gate_inp": f"{config.moe_prefix}.gate", **spec.gguf_layer_names}
     if spec.gguf_linear_attention:  # the layer pattern and DeltaNet shapes against the tensor records
         arch = reader.fields["general.architecture"].contents()
         shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
@@ -151,14 +151,22 @@ def _gguf_tensors(path: Path, reader: Any, config: ModelArchConfig, dtype: torch
                   ) -> Iterator[tuple[str, Weight]]:
     spec = spec_for(config.architecture)
     permuted = spec.gguf_qk_permuted
-    layer_names = {**spec.gguf_layer_names, "ffn_gate_inp": f"{config.moe_prefix}.gate"}
+    layer_names = {"ffn_gate_inp": f"{config.moe_prefix}.gate", **spec.gguf_layer_names}
     linear = set(config.linear_layers)
+    ignored = ignored_weight_names(config)
     for t in reader.tensors:
-        if t.name in _SKIPPED:
+        if t.name in _SKIPPED or gguf_to_hf_name(t.name, layer_names) in ignored:
             continue
         block = gguf_hybrid.block_of(t.name)
         if block is not None and block[0] >= config.num_hidden_layers and spec.gguf_linear_attention:
             continue  # a multi-token-prediction block after the model's layers (nextn_predict_layers)
+        other = gguf_gemma4.gguf_other_name(t.name) if spec.name == "gemma4" else None
+        if other is not None:  # Gemma 4's scales, per-layer tables and stacked experts (kept [E * rows, K])
+            dims = tuple(int(d) for d in reversed(t.shape.tolist()))
+            value = _packed_or_dense(path, t.name, t.data, t.tensor_type,
+                                     (int(np.prod(dims[:-1])), dims[-1]) if len(dims) == 3 else dims)
+            yield other, value if isinstance(value, PackedTensors) else _to_torch(value, dtype)
+            continue
         experts = _EXPERTS_RE.match(t.name)
         if experts and config.num_experts:
             yield from _split_experts(path, t, config, int(experts.group(1)), experts.group(2), dtype,
@@ -273,19 +281,24 @@ def _check_shapes(path: Path, config: ModelArchConfig, weights: dict[str, Weight
     """The embedding, the head and every layer's attention and dense-MLP projections have the shapes the
     metadata gives (a file whose tensors disagree with its header fails here, naming the tensor)."""
     c = config
-    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     expected = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "lm_head.weight": (c.vocab_size,
                                                                                                  c.hidden_size)}
-    q_rows = 2 * q_out if c.attn_output_gate else q_out  # Qwen3.5: each head's query, then its output gate
-    by_suffix = {".self_attn.q_proj.weight": (q_rows, c.hidden_size),
-                 ".self_attn.k_proj.weight": (kv_out, c.hidden_size),
-                 ".self_attn.v_proj.weight": (kv_out, c.hidden_size),
-                 ".self_attn.o_proj.weight": (c.hidden_size, q_out),
-                 ".mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
-                 ".mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-                 ".mlp.down_proj.weight": (c.hidden_size, c.intermediate_size)}
+    first_shared = c.num_hidden_layers - c.num_kv_shared_layers  # Gemma 4's MLPs may be wider from here
+
+    def by_suffix(layer: int) -> dict[str, tuple[int, int]]:  # a layer's heads: Gemma 4's full layers have their own
+        d = c.layer_head_dim(layer)
+        q_out, kv_out = c.num_attention_heads * d, c.layer_kv_heads(layer) * d
+        q_rows = 2 * q_out if c.attn_output_gate else q_out  # Qwen3.5: each head's query, then its output gate
+        mlp = {".mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+               ".mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+               ".mlp.down_proj.weight": (c.hidden_size, c.intermediate_size)} if layer < first_shared else {}
+        return {".self_attn.q_proj.weight": (q_rows, c.hidden_size),
+                ".self_attn.k_proj.weight": (kv_out, c.hidden_size),
+                ".self_attn.v_proj.weight": (kv_out, c.hidden_size),
+                ".self_attn.o_proj.weight": (c.hidden_size, q_out), **mlp}
     for name, w in weights.items():
-        want = expected.get(name) or next((v for k, v in by_suffix.items() if name.endswith(k)), None)
+        layer = int(name.split(".")[2]) if name.startswith("model.layers.") else 0
+        want = expected.get(name) or next((v for k, v in by_suffix(layer).items() if name.endswith(k)), None)
         got = tuple(w.shape)
         if want is not None and ".experts." not in name and got != want:
             raise ValueError(f"{path}: tensor {name} has shape {list(got)}, the metadata's {c.architecture} "

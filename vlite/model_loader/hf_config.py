@@ -29,7 +29,7 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
                                                     config["text_config"].get("tie_word_embeddings", False))}
     if spec.features.get("is_causal") is False:  # BERT-style encoders: a config of their own
         return arch_from_encoder_config(config, spec)
-    if config.get("use_bidirectional_attention"):
+    if config.get("use_bidirectional_attention") not in (None, False, "vision"):  # "vision": text stays causal
         raise ValueError(f"{spec.name} models with bidirectional attention (embedding models) are not supported")
     if config.get("clip_qkv") is not None:  # OLMoE / OLMo 1 option: q, k, v clamped
         raise ValueError(f"{spec.name} models with clip_qkv are not supported")
@@ -70,7 +70,8 @@ def arch_from_hf_config(config: dict[str, Any], generation_config: dict[str, Any
                 "mlp_bias": bool(config.get("mlp_bias", False)),
                 # Gemma names its activation hidden_activation (older configs carry both keys)
                 "hidden_act": config.get("hidden_activation") or config.get("hidden_act") or "silu",
-                **_hf_moe(config), **_hf_linear_attention(config), **spec.features}
+                **_hf_moe(config), **_hf_linear_attention(config),
+                **(_hf_gemma4(config) if spec.name == "gemma4" else {}), **spec.features}
     if is_decoder_classifier((config.get("architectures") or [""])[0]):  # the last token's states -> num_labels
         features.update(classifier="score", num_labels=num_labels(config))
     return ModelArchConfig(
@@ -113,11 +114,12 @@ def _hf_moe(config: dict[str, Any]) -> dict[str, Any]:
     on its `mlp_only_layers` and on layers i with (i + 1) % decoder_sparse_step != 0, as transformers does;
     Mixtral and OLMoE name no such keys (every layer a mixture) and size experts by intermediate_size."""
     n_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-    if not n_experts:
+    if not n_experts or config.get("enable_moe_block") is False:
         return {}
     n_layers, step = int(config["num_hidden_layers"]), int(config.get("decoder_sparse_step") or 1)
     dense = set(config.get("mlp_only_layers") or ())
-    return {"num_experts": n_experts, "num_experts_per_tok": int(config["num_experts_per_tok"]),
+    top_k = config.get("num_experts_per_tok") or config.get("top_k_experts")  # Gemma 4: top_k_experts
+    return {"num_experts": n_experts, "num_experts_per_tok": int(top_k),
             "moe_intermediate_size": int(config.get("moe_intermediate_size") or config["intermediate_size"]),
             "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
             "moe_layers": tuple(i for i in range(n_layers) if i not in dense and (i + 1) % step == 0)}
@@ -139,6 +141,30 @@ def _hf_linear_attention(config: dict[str, Any]) -> dict[str, Any]:
             **{k: int(config[k]) for k in ("linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads",
                                            "linear_key_head_dim", "linear_value_head_dim")},
             "shared_expert_intermediate_size": int(config.get("shared_expert_intermediate_size") or 0)}
+
+
+def _hf_gemma4(config: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 4's fields ({} for other models): the full-attention layers' head size and KV heads (top-level keys,
+    or transformers 5's per_layer_config of a full layer), KV sharing, per-layer inputs, the MLP beside a mixture
+    on every layer (enable_moe_block; its top-k weights always renormalized)."""
+    if config.get("attention_bias"):
+        raise ValueError("gemma4 models with attention_bias are not supported")
+    types = config.get("layer_types") or []
+    full = next((c for i, c in (config.get("per_layer_config") or {}).items()
+                 if int(i) < len(types) and types[int(i)] == "full_attention"), {})
+    k_eq_v = bool(config.get("attention_k_eq_v", False))
+    if full:
+        head_dim, kv_heads = full.get("head_dim") or config["head_dim"], full.get("num_key_value_heads") or 0
+    else:  # transformers' defaults: 512, and the global KV heads only where values are keys
+        head_dim = config.get("global_head_dim") or 512
+        kv_heads = (config.get("num_global_key_value_heads") or 0) if k_eq_v else 0
+    out = {"global_head_dim": int(head_dim), "num_global_key_value_heads": int(kv_heads), "attention_k_eq_v": k_eq_v,
+           "num_kv_shared_layers": int(config.get("num_kv_shared_layers") or 0),
+           "hidden_size_per_layer_input": int(config.get("hidden_size_per_layer_input") or 0),
+           "vocab_size_per_layer_input": int(config.get("vocab_size_per_layer_input") or config["vocab_size"])}
+    if config.get("enable_moe_block"):
+        out.update(norm_topk_prob=True, moe_layers=tuple(range(int(config["num_hidden_layers"]))))
+    return out
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -226,7 +252,8 @@ def _hf_rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None, floa
             scaling["rope_type"] = scaling["type"]
         scaling.pop("type", None)
         scaling.pop("rope_theta", None)
-        scaling.pop("partial_rotary_factor", None)  # not a scaling: ModelArchConfig.partial_rotary_factor
+        if scaling.get("rope_type") != "proportional":  # Gemma 4's keeps it: which share of each half rotates
+            scaling.pop("partial_rotary_factor", None)  # not a scaling: ModelArchConfig.partial_rotary_factor
         if scaling.get("rope_type", "default") == "default":
             scaling = None
     return float(theta), scaling or None, _float_or_none(local_theta)

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from vlite.model_arch import ModelArchConfig, expected_weight_names
+from vlite.model_arch import ModelArchConfig, expected_weight_names, ignored_weight_names
 from vlite.model_loader.hf_config import arch_from_hf_config
 
 _INDEX_FILE = "model.safetensors.index.json"
@@ -92,6 +92,7 @@ def _stored_tensors(path: Path, config: ModelArchConfig) -> Iterator[tuple[str, 
     """Each stored tensor the model may use, under its (renamed) name, with a function that reads it."""
     from safetensors import safe_open
 
+    ignored = ignored_weight_names(config)
     rename = None
     if not config.is_causal:  # encoders: `bert.`-prefixed task models, unused buffers and heads
         from vlite.model_loader.encoder_config import checkpoint_name as rename
@@ -105,7 +106,7 @@ def _stored_tensors(path: Path, config: ModelArchConfig) -> Iterator[tuple[str, 
         with safe_open(str(file), framework="pt") as f:
             for stored in f.keys():
                 name = rename(stored, config) if rename else stored
-                if name is None or _IGNORED.search(name):
+                if name is None or _IGNORED.search(name) or name in ignored:
                     continue
                 yield name, (lambda f=f, stored=stored: f.get_tensor(stored))
 

@@ -66,6 +66,12 @@ class ModelSpec:
 # pre-feedforward norm, not Llama's post-attention one).
 _GEMMA_GGUF_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
+# Gemma 4's beside them: the mixture's norms and router, the per-layer input's gate, projection and norm.
+_GEMMA4_GGUF_NAMES = {**_GEMMA_GGUF_NAMES, "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+                      "post_ffw_norm_1": "post_feedforward_layernorm_1",
+                      "post_ffw_norm_2": "post_feedforward_layernorm_2",
+                      "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+                      "post_norm": "post_per_layer_input_norm", "ffn_gate_inp": "router.proj"}
 _GEMMA = {"hidden_act": "gelu_pytorch_tanh", "norm_unit_offset": True, "sandwich_norms": True,
           "scale_embeddings": True}
 
@@ -157,10 +163,18 @@ _SPECS = (
               features={**_GEMMA, "qk_norm": True, "attn_logit_softcapping": None},
               defaults={"rope_local_theta": 10000.0, "query_pre_attn_scalar": 256.0}, sliding_global_every=6,
               gguf_layer_names=_GEMMA_GGUF_NAMES, gguf_end_of_turn=("<end_of_turn>",)),
+    # Gemma 4 (text; the text model of its image-audio-text checkpoints): Gemma 3's layer with plain-weight norms,
+    # per-layer inputs, KV-shared layers, its own head sizes on full layers, an optional mixture beside the MLP.
+    ModelSpec("gemma4", ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"),
+              "vlite.models.gemma4:Gemma4ForCausalLM",
+              features={**_GEMMA, "norm_unit_offset": False, "qk_norm": True, "attn_logit_softcapping": None},
+              defaults={"rope_local_theta": 10000.0}, sliding_global_every=6, gguf_layer_names=_GEMMA4_GGUF_NAMES,
+              hf_renames=(("model.language_model.", "model."),),
+              hf_skipped=("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")),
 )
 _ALIASES = {"gemma3_text": "gemma3", "xlm-roberta": "roberta", "qwen3_5": "qwen35", "qwen3_5_text": "qwen35",
             "qwen3_5_moe": "qwen35moe", "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
-            "gpt_oss": "gpt-oss"}  # config.json model_type -> family
+            "gpt_oss": "gpt-oss", "gemma4_text": "gemma4"}  # config.json model_type -> family
 
 _BY_NAME = {s.name: s for s in _SPECS}
 _BY_HF = {a: s for s in _SPECS for a in s.hf_architectures}

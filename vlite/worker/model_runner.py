@@ -148,27 +148,33 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         # Prompt tokens as decode rows below this position (where the backend's decode kernel takes the
         # layer's attention), so that what a request generates does not depend on how its prompt was
         # chunked (torch_sdpa.PREFILL_DECODE_ROWS_BELOW).
-        self.prefill_decode_rows_below = self.attn_backend.prefill_decode_rows_below(
-            dtype, arch.head_dim, arch.attn_logit_softcapping)
+        # Every layer's head size counts (Gemma 4's full layers have their own).
+        shapes = {(arch.layer_kv_heads(i), arch.layer_head_dim(i)) for i in arch.attention_layers}
+        self.prefill_decode_rows_below = min(self.attn_backend.prefill_decode_rows_below(
+            dtype, size, arch.attn_logit_softcapping) for _, size in shapes) if shapes else 0
         # Cascade attention (a prefix every running request shares, attended once for the step): where the
         # backend's kernels take this model's attention; each step then asks its cost model.
         self.cascade_heads = ((arch.num_attention_heads, arch.num_key_value_heads, 0, arch.head_dim)
                               if self.attn_backend.supports_cascade(dtype, arch.head_dim, arch.attn_logit_softcapping)
-                              and not arch.linear_layers else None)
+                              and not arch.linear_layers and len(shapes) == 1 else None)
         # Encoders attend within each whole sequence of a step and keep no KV cache.
         self.is_encoder = not arch.is_causal
-        shape = self.attn_backend.get_kv_cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         groups = KVCacheConfig(num_blocks, kv_groups or kv_cache_groups(arch, block_size, 0, split_windows=False))
-        # One block table per attention group; layer j of every group shares the j-th K/V buffer (a block is held
-        # by one group at a time). Linear-attention layers get their (conv, delta-rule) state slots instead.
+        # One block table per attention group; layer j of every group of a head shape shares that shape's j-th K/V
+        # buffer (a block is held by one group at a time). KV-shared layers (Gemma 4) get their source layer's
+        # buffer; linear-attention layers their (conv, delta-rule) state slots instead.
         self.kv_group_layers = [] if self.is_encoder else [g.layer_indices for g in groups.attention_groups]
         self.kv_group_windows = groups.group_windows
-        buffers = [] if self.is_encoder else [torch.zeros(shape, dtype=dtype, device=self.device)
-                                              for _ in range(groups.group_size)]
+        buffers = {} if self.is_encoder else {
+            (heads, size): [torch.zeros(self.attn_backend.get_kv_cache_shape(num_blocks, block_size, heads, size),
+                                        dtype=dtype, device=self.device) for _ in range(n)]
+            for heads, size, n in groups.buffer_shapes}
         self.kv_caches: list[Any] = [None] * (0 if self.is_encoder else arch.num_hidden_layers)
-        for layers in self.kv_group_layers:
-            for j, layer in enumerate(layers):
-                self.kv_caches[layer] = buffers[j]
+        for g in groups.attention_groups:
+            for j, layer in enumerate(g.layer_indices):
+                self.kv_caches[layer] = buffers[g.kv_cache_spec.num_kv_heads, g.kv_cache_spec.head_size][j]
+        for i in () if self.is_encoder else arch.attention_layers:
+            self.kv_caches[i] = self.kv_caches[arch.kv_source(i)]
         for i in arch.linear_layers:
             self.kv_caches[i] = linear_state(arch, num_state_slots, self.device)
         self.state_caches = [self.kv_caches[i] for i in arch.linear_layers]

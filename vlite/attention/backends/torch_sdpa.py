@@ -423,16 +423,18 @@ def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
         n, q_len, num_heads, head_dim)
 
 
-def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                    metadata: TorchSDPAMetadata, scale: float, window: int = 0,
+def paged_attention(query: torch.Tensor, key: Optional[torch.Tensor], value: Optional[torch.Tensor],
+                    kv_cache: torch.Tensor, metadata: TorchSDPAMetadata, scale: float, window: int = 0,
                     softcap: Optional[float] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """query [T, H, D], key/value [T, H_kv, D] -> [T, H, D].
 
     `window` > 0: each query sees only its last `window` keys (the metadata must have been built
     with that window); `softcap`: attention-logit soft-capping; `sinks`: float32 [H] attention sinks.
+    key/value None: the step's K/V are in the cache already (a KV-shared layer reads another layer's).
     """
     with section("attention"):
-        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        if key is not None:
+            write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
         m = metadata.for_window(window)
         if not m.prefills and m.decode is not None:
             return _attend_decodes(query, kv_cache[0], kv_cache[1], m.decode, scale, True, window, softcap, sinks)

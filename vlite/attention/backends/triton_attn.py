@@ -54,7 +54,8 @@ class TritonAttentionMetadata:
         split when the step has a common prefix and this layer no window nor attention sinks (the plain kernel
         adds those: the same attention, the prefix read once per request)."""
         with section("attention"):
-            reshape_and_cache(key, value, kv_cache, self.slot_mapping)
+            if key is not None:  # None: a KV-shared layer, its K/V written by the layer it reads
+                reshape_and_cache(key, value, kv_cache, self.slot_mapping)
             if self.common_prefix_len > 0 and window == 0 and sinks is None:
                 return cascade_attention(query, kv_cache[0], kv_cache[1], self.block_table, self.query_start_loc,
                                          self.seq_lens, self.max_query_len, self.common_prefix_len, scale, softcap)
