@@ -106,10 +106,10 @@ class PackedTensors:
         groups = len(order)
         if groups * unit != k:
             raise ValueError(f"{groups} groups of {unit} inputs do not cover the {k} inputs of a [{n}, {k}] weight")
-        if self.compact and unit % self.block:
-            return self.converted().col_groups(order, unit)
         if unit % QK:
             raise ValueError(f"packed inputs move in whole blocks of {QK}, not in groups of {unit}")
+        if self.compact and unit % self.block:
+            return self.converted().col_groups(order, unit)
 
         def pick(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(n, groups, -1)[:, order].reshape(n, -1).contiguous()
@@ -133,10 +133,14 @@ class PackedTensors:
         return out
 
     def converted(self) -> PackedTensors:
-        """A GGUF type's weights in the q4/q8 layout with float32 scales (the same values, 1.3-1.5x the bytes)."""
+        """A GGUF type's weights in the q4/q8 layout with float32 scales (the same values, 1.3-1.5x the bytes).
+        Not Q2_K: its mins per 16 inputs have no place in those layouts (a ValueError)."""
         if not self.compact:
             return self
         n, k = self.shape
+        if self.fmt == "q2_k":
+            raise ValueError(f"a Q2_K weight [{n}, {k}] splits only at its 256-input super-blocks (its mins are per 16 "
+                             "inputs, which the q4/q8 layouts have no place for)")
         q, scales, mins, sub = gguf_blocks.values(self.qs.numpy(), self.fmt, n, k)
         t = torch.from_numpy
         if self.fmt in ("q4_0", "q4_k"):
@@ -146,9 +150,14 @@ class PackedTensors:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense [N, K] weight these values stand for (reference code: plain torch, float32 math)."""
-        if self.compact:
-            return self.converted().dequantize(dtype)
         n, k = self.shape
+        if self.compact:  # the file's values: q * scale (+ min) in float32, as gguf computes them
+            q, scales, mins, sub = gguf_blocks.values(self.qs.numpy(), self.fmt, n, k)
+            w = torch.from_numpy(q.astype(np.float32).reshape(n, k // sub, sub) * scales[..., None]).view(n, k)
+            if mins is not None:
+                msub = k // mins.shape[1]
+                w = (w.view(n, k // msub, msub) + torch.from_numpy(mins)[..., None]).view(n, k)
+            return w.to(dtype)
         if self.fmt == "q4":
             b = self.qs.view(n, k // QK, QK // 2)
             q = torch.cat([b & 0x0F, b >> 4], dim=-1).view(n, k).float()
