@@ -153,6 +153,50 @@ inline void lowbit_block_to_q8(const uint8_t* wb, const uint8_t* hb, uint8_t* ou
     }
   }
 }
+
+// AVX2, Q2_K and Q3_K: one block's integer dot products for the whole tile and R activation rows, out[h][p][r]
+// (h: the half of 8 weight rows, p: the 16-input sub-block), as q8_block_ints gives them (the same integers): their
+// u <= 7 multiply the activations straight (`vpmaddubsw`: four chunks' pair sums <= 7112 fit an int16), without the
+// sign trick and the q8 buffer, and Q3_K's 4 sum(x) is subtracted from the sums.
+template <int KIND, int R, typename A>
+inline void lowbit_u_block_ints(const uint8_t* wb, const uint8_t* hb, const A& a, int64_t m0, int64_t b,
+                                int32_t (*out)[2][R][8]) {
+  const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+  for (int pass = 0; pass < 2; ++pass) {  // sub-block `pass`: chunks 4 pass + s, plane `pass`
+    __m256i w[4][2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i pv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * pass + 32 * h));
+      __m256i hv = _mm256_setzero_si256();
+      if constexpr (KIND == 3) hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hb + 32 * h));
+      for (int s = 0; s < 4; ++s) {
+        w[s][h] = _mm256_and_si256(_mm256_srli_epi16(pv, 2 * s), m3);
+        if constexpr (KIND == 3) {
+          const int j = 4 * pass + s;
+          const __m256i hi = j <= 2 ? _mm256_slli_epi16(hv, 2 - j) : _mm256_srli_epi16(hv, j - 2);
+          w[s][h] = _mm256_or_si256(w[s][h], _mm256_and_si256(hi, _mm256_set1_epi8(4)));
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int32_t* xi = reinterpret_cast<const int32_t*>(a.q + (m0 + r) * a.K + b * 32) + 4 * pass;
+      __m256i x = _mm256_set1_epi32(xi[0]);
+      __m256i s0 = _mm256_maddubs_epi16(w[0][0], x), s1 = _mm256_maddubs_epi16(w[0][1], x);
+      for (int s = 1; s < 4; ++s) {
+        x = _mm256_set1_epi32(xi[s]);
+        s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[s][0], x));
+        s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[s][1], x));
+      }
+      __m256i v0 = _mm256_madd_epi16(s0, ones), v1 = _mm256_madd_epi16(s1, ones);
+      if constexpr (KIND == 3) {
+        const __m256i off = _mm256_set1_epi32(4 * a.isum[(m0 + r) * 2 * a.nb + 2 * b + pass]);
+        v0 = _mm256_sub_epi32(v0, off);
+        v1 = _mm256_sub_epi32(v1, off);
+      }
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out[0][pass][r]), v0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out[1][pass][r]), v1);
+    }
+  }
+}
 #endif
 
 #if defined(VLITE_AVX512)

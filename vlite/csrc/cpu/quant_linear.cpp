@@ -639,6 +639,8 @@ __attribute__((noinline)) void tile_dot(const uint8_t* qt, const S* st, const S*
         q4_block_ints<R>(wb, a, m0, b, ib[b - b0]);
       } else if constexpr (FMT == 8) {
         q8_block_ints<PER, R>(wb, a, m0, b, ib[b - b0]);
+      } else if constexpr (FMT == 2 || FMT == 3) {
+        lowbit_u_block_ints<FMT, R>(wb, qt + high0 + b * high_block_bytes<FMT>(), a, m0, b, ib[b - b0]);
       } else {
         alignas(32) uint8_t q8[tile_block_bytes<8>()];
         block_to_q8<FMT>(wb, qt + high0 + b * high_block_bytes<FMT>(), q8);
