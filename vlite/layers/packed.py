@@ -13,7 +13,8 @@ scale is a product (K-quants: d * sub-scale). Every GGUF type the kernels read m
 two layouts without changing a single weight value.
 
 GGUF's Q4_0, Q4_K, Q5_K and Q6_K (the bulk of the files people download) are kept as the file's own
-bytes instead, fmt "q4_0", "q4_k", "q5_k", "q6_k" (vlite/layers/gguf_blocks.py): converted to q4/q8
+bytes instead, fmt "q4_0", "q4_k", "q5_k", "q6_k" (vlite/layers/gguf_blocks.py), and so are Q2_K, Q3_K,
+IQ4_NL, IQ4_XS and MXFP4 ("q2_k", ..., vlite/layers/gguf_low_bits.py; Q2_K's mins are per 16): converted to q4/q8
 with float32 scales they would take 1.3-1.5x the file's size, and a decode step reads every byte.
 
 The kernels read a row-tiled copy (`TiledTensors`, made once at load by `PackedTensors.tiled()`):
@@ -38,7 +39,7 @@ TILE = 16  # output rows per tile of the kernels' layout
 
 @dataclass
 class PackedTensors:
-    fmt: str  # "q4", "q8", or a GGUF type kept in the file's bytes: "q4_0", "q4_k", "q5_k", "q6_k"
+    fmt: str  # "q4", "q8", or a GGUF type kept in the file's bytes: "q4_0", "q4_k", ..., "mxfp4" (gguf_blocks.COMPACT)
     qs: torch.Tensor  # q4: uint8 [N, K/2]; q8: int8 [N, K]; GGUF types: uint8 [N, the file's bytes per row]
     scales: Optional[torch.Tensor]  # float16 or float32 [N, K/sub]; None for the GGUF types (in their blocks)
     mins: Optional[torch.Tensor]  # same dtype as scales, [N, K/32], or None (zero, or in the GGUF blocks)
@@ -56,7 +57,7 @@ class PackedTensors:
 
     @property
     def kernel_fmt(self) -> int:
-        """The C++ kernels' name for the layout: 4 (q4), 8 (q8), or the GGUF type's id (2, 12, 13, 14)."""
+        """The C++ kernels' name for the layout: 4 (q4), 8 (q8), or the GGUF type's id (gguf_blocks.COMPACT)."""
         return gguf_blocks.COMPACT[self.fmt] if self.compact else 4 if self.fmt == "q4" else 8
 
     @property
@@ -277,7 +278,7 @@ def _tile_gguf(parts: list[PackedTensors], kernels: Any) -> TiledTensors:
 class TiledTensors:
     """Packed weights in the kernels' row-tiled layout (PackedTensors.tiled())."""
 
-    fmt: int  # the kernels' layout code: 4 (q4), 8 (q8), or a GGUF type id (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)
+    fmt: int  # the kernels' layout code: 4 (q4), 8 (q8), or a GGUF type id (2 Q4_0, 12 Q4_K, ...: gguf_blocks.COMPACT)
     qt: torch.Tensor
     scales: torch.Tensor
     mins: Optional[torch.Tensor]
