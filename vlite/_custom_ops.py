@@ -33,7 +33,7 @@ _CSRC = Path(__file__).parent / "csrc" / "cpu"
 _SOURCES = ("bindings.cpp", "quant_linear.cpp", "attention_chunk.cpp", "decode_attention.cpp", "layer_ops.cpp",
             "decode_layer.cpp", "vec.h", "compact_blocks.h", "gguf_tiles.cpp", "memory_bandwidth.cpp",
             "dense_linear.cpp", "ops.h", "lora.cpp", "cascade_attention.cpp", "prefill_attention.cpp",
-            "gated_delta_chunk.cpp", "gated_delta.cpp")
+            "gated_delta_chunk.cpp", "gated_delta.cpp", "gguf_kinds.h")
 _UNITS = ("bindings.cpp", "quant_linear.cpp")  # translation units, compiled in parallel (ninja)
 
 _REQUIRED_FLAGS = {

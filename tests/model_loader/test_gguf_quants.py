@@ -22,12 +22,15 @@ T = gguf.GGMLQuantizationType
 _F16_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+    "Q2_K": [80, 82], "Q3_K": [108], "IQ4_NL": [0], "IQ4_XS": [0], "MXFP4": [],
 }
 _EXPECTED_LAYOUT = {  # fmt, sub, scale dtype, has mins (the file's own blocks: no scale tensors)
     "Q4_0": ("q4_0", 32, None, False), "Q4_1": ("q4", 32, torch.float16, True),
     "Q8_0": ("q8", 32, torch.float16, False), "Q5_0": ("q8", 32, torch.float16, False),
     "Q5_1": ("q8", 32, torch.float16, True), "Q4_K": ("q4_k", 32, None, False),
     "Q5_K": ("q5_k", 32, None, False), "Q6_K": ("q6_k", 16, None, False),
+    "Q2_K": ("q2_k", 16, None, False), "Q3_K": ("q3_k", 16, None, False), "IQ4_NL": ("iq4_nl", 32, None, False),
+    "IQ4_XS": ("iq4_xs", 32, None, False), "MXFP4": ("mxfp4", 32, None, False),
 }
 SHAPES = [(8, 256), (3, 512), (1, 1024)]
 
@@ -45,6 +48,8 @@ def _random_raw(qtype: T, shape: tuple[int, int], rng: np.random.Generator, scal
         vals = (rng.standard_normal(raw.shape[0]) * scale).astype(np.float16)
         vals[::7] = 0  # a few zero scales
         raw[:, off:off + 2] = vals.view(np.uint8).reshape(-1, 2)
+    if qtype == T.MXFP4:  # E8M0 block exponents 2^-28 .. 2^11 (255 would give infinities)
+        raw[:, 0] = rng.integers(100, 140, size=raw.shape[0])
     return raw.reshape(n, k // block * size)
 
 
@@ -154,7 +159,7 @@ def test_dense_types_return_none(name: str) -> None:
     assert to_packed(data, T[name], (2, 32)) is None
 
 
-@pytest.mark.parametrize("name", ["IQ4_NL", "Q2_K", "Q3_K", "TQ2_0", "Q8_1", "I8"])
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ3_S", "TQ2_0", "Q8_1", "I8"])
 def test_unsupported_types_raise(name: str) -> None:
     block, size = GGML_QUANT_SIZES[T[name]]
     data = np.zeros((2, size), dtype=np.uint8)
@@ -194,6 +199,10 @@ def test_col_groups_keep_dequantize(name: str, unit: int) -> None:
     qtype = T[name]
     a = to_packed(_random_raw(qtype, (5, 512), rng), qtype, (5, 512))
     order = torch.from_numpy(rng.permutation(512 // unit))
+    if name == "Q2_K" and unit % 256:  # its mins per 16 inputs have no 32-input layout to go to
+        with pytest.raises(ValueError, match="Q2_K weight .* splits only at its 256-input super-blocks"):
+            a.col_groups(order, unit)
+        return
     moved = a.col_groups(order, unit)
     want = a.dequantize().view(5, -1, unit)[:, order].reshape(5, 512)
     assert torch.equal(moved.dequantize(), want)
@@ -252,3 +261,45 @@ def test_tensor_shapes_disagreeing_with_the_header_are_named() -> None:
     bad = {**good, "model.layers.0.mlp.down_proj.weight": torch.zeros(cfg.hidden_size, cfg.intermediate_size - 32)}
     with pytest.raises(ValueError, match=r"tensor model\.layers\.0\.mlp\.down_proj\.weight has shape \[576, 1504\]"):
         _check_shapes(path, cfg, bad)
+
+
+def _write_gguf(path, tensors: dict[str, tuple[np.ndarray, T]]) -> None:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name, (data, qtype) in tensors.items():
+        writer.add_tensor(name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_unsupported_type_is_named_before_loading(tmp_path) -> None:
+    """A file with a type vlite cannot read: the tensor, its type and the supported list, from the header alone
+    (before the config, before any weight)."""
+    from vlite.model_loader.gguf_loader import gguf_arch
+
+    rng = np.random.default_rng(4)
+    path = tmp_path / "iq2.gguf"
+    _write_gguf(path, {"blk.0.attn_q.weight": (_random_raw(T.Q4_K, (2, 256), rng), T.Q4_K),
+                       "blk.0.ffn_up.weight": (np.zeros((2, 66), np.uint8), T.IQ2_XXS)})
+    with pytest.raises(ValueError, match=r"iq2\.gguf: tensor 'blk\.0\.ffn_up\.weight' has GGUF type IQ2_XXS, which "
+                                         r"vlite cannot read; supported: F32, F16, BF16, .*Q2_K, Q3_K.*IQ4_XS, MXFP4"):
+        gguf_arch(path)
+
+
+def test_truncated_mxfp4_tensor_is_named(tmp_path) -> None:
+    """An MXFP4 tensor short of its bytes: an error naming the type, the shape and both byte counts, before any
+    conversion; a file cut inside its MXFP4 data: the file and its size."""
+    from vlite.model_loader.gguf_loader import gguf_arch
+
+    rng = np.random.default_rng(5)
+    raw = _random_raw(T.MXFP4, (4, 64), rng)
+    with pytest.raises(ValueError, match=r"MXFP4 tensor of shape \(4, 64\) needs 136 bytes, got 119"):
+        to_packed(raw.reshape(-1)[:-17], T.MXFP4, (4, 64))
+    path = tmp_path / "mxfp4.gguf"
+    _write_gguf(path, {"blk.0.ffn_down_exps.weight": (_random_raw(T.MXFP4, (64, 2880), rng), T.MXFP4)})
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:-4096])
+    with pytest.raises(ValueError, match=r"cut\.gguf: not a readable GGUF file"):
+        gguf_arch(cut)

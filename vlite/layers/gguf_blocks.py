@@ -13,11 +13,16 @@ sub-scales), decoded by the kernel. A weight's value is the file's:
     Q6_K  w = (d * sc_j) * (q - 32)             q 6 bits, sc int8 per 16, d float16 per 256
 
 Bytes per 256 weights, file = tiles: Q4_0 144, Q4_K 144, Q5_K 176, Q6_K 210.
+
+Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 are kept the same way; their values and tiles are in
+vlite/layers/gguf_low_bits.py.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from vlite.layers import gguf_low_bits
 
 QK = 32  # values per block (and per q4/q8 block of the kernels)
 QK_K = 256  # values per K-quant super-block
@@ -34,16 +39,22 @@ BLOCKS: dict[str, tuple[int, np.dtype]] = {
     "Q5_K": (QK_K, np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32),
                              ("qs", "u1", 128)])),
     "Q6_K": (QK_K, np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")])),
+    **gguf_low_bits.BLOCKS,
 }
 
 # Types kept in the file's bytes, with the kernels' format code: GGML's type id.
-COMPACT: dict[str, int] = {"q4_0": 2, "q4_k": 12, "q5_k": 13, "q6_k": 14}
+COMPACT: dict[str, int] = {"q4_0": 2, "q4_k": 12, "q5_k": 13, "q6_k": 14, **gguf_low_bits.CODES}
 HIGH_BITS = {"q4_0": 0, "q4_k": 0, "q5_k": 1, "q6_k": 2}  # bits of each weight past the low 4
 
 # A tile's super-block scales as the kernels read them (per 16 rows: lane l is row l of the tile)
 _K_SCALES = np.dtype([("d", "<f2", TILE), ("dmin", "<f2", TILE), ("lo_sc", "<u4", TILE), ("lo_mn", "<u4", TILE),
                       ("hi", "<u4", TILE)])  # 256 bytes: 16 per row, as the file's d, dmin and 12 bytes
 _Q6_SCALES = np.dtype([("d", "<f2", TILE), ("sc", "i1", (16, TILE))])  # 288 bytes: 18 per row, as the file
+
+
+def sub_of(fmt: str) -> int:
+    """Inputs per scale of a compact fmt: 16 (Q6_K, Q2_K, Q3_K) or 32."""
+    return 16 if fmt == "q6_k" else gguf_low_bits.SUB.get(fmt, QK)
 
 
 def block_of(fmt: str) -> tuple[int, np.dtype]:
@@ -107,10 +118,13 @@ def k_values(blk: np.ndarray, fmt: str) -> np.ndarray:
 
 def values(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
     """A compact tensor's integers and float32 scales: (q uint8 [n, k], scales [n, k/sub], mins [n, k/32]
-    or None, sub), with w = scale * q + min per block (Q6_K: scale * (q - 32), q returned less 32 as int8).
+    or None, sub), with w = scale * q + min per block (Q6_K: scale * (q - 32), q returned less 32 as int8;
+    gguf_low_bits.values for its types: Q2_K's mins per 16).
 
     Every product is computed in float32 as gguf does (exact: 16-bit floats times small integers)."""
     blk = blocks(raw, fmt, n)
+    if fmt in gguf_low_bits.CODES:
+        return gguf_low_bits.values(blk, fmt, n, k)
     with np.errstate(invalid="ignore", over="ignore"):  # inf/nan scale fields: garbage in, no promise
         if fmt == "q4_0":
             q = np.concatenate([blk["qs"] & 0x0F, blk["qs"] >> 4], axis=-1).reshape(n, k)
@@ -180,6 +194,9 @@ def tile_shapes(fmt: str, n: int, k: int) -> tuple[tuple[int, int], tuple[int, i
     """The shapes of `tile`'s two arrays (qt, scales) and the scales' torch dtype."""
     import torch
 
+    if fmt in gguf_low_bits.CODES:
+        qt, st, dt = gguf_low_bits.tile_shapes(fmt, n, k)
+        return qt, st, getattr(torch, dt)
     tiles = -(-n // TILE)
     qt = (tiles, k // QK * (256 + 64 * HIGH_BITS[fmt]))
     if fmt == "q4_0":
@@ -195,6 +212,8 @@ def tile(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndar
     the layout where the kernels are not built."""
     tiles = -(-n // TILE)
     blk = blocks(raw, fmt, n)
+    if fmt in gguf_low_bits.CODES:
+        return gguf_low_bits.tile(blk, fmt, n, k)
     if fmt == "q4_0":
         return tile_nibbles(blk["qs"].reshape(n, k // 2), n, k), _lanes(blk["d"], tiles)
     if fmt == "q6_k":

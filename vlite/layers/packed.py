@@ -13,7 +13,8 @@ scale is a product (K-quants: d * sub-scale). Every GGUF type the kernels read m
 two layouts without changing a single weight value.
 
 GGUF's Q4_0, Q4_K, Q5_K and Q6_K (the bulk of the files people download) are kept as the file's own
-bytes instead, fmt "q4_0", "q4_k", "q5_k", "q6_k" (vlite/layers/gguf_blocks.py): converted to q4/q8
+bytes instead, fmt "q4_0", "q4_k", "q5_k", "q6_k" (vlite/layers/gguf_blocks.py), and so are Q2_K, Q3_K,
+IQ4_NL, IQ4_XS and MXFP4 ("q2_k", ..., vlite/layers/gguf_low_bits.py; Q2_K's mins are per 16): converted to q4/q8
 with float32 scales they would take 1.3-1.5x the file's size, and a decode step reads every byte.
 
 The kernels read a row-tiled copy (`TiledTensors`, made once at load by `PackedTensors.tiled()`):
@@ -38,7 +39,7 @@ TILE = 16  # output rows per tile of the kernels' layout
 
 @dataclass
 class PackedTensors:
-    fmt: str  # "q4", "q8", or a GGUF type kept in the file's bytes: "q4_0", "q4_k", "q5_k", "q6_k"
+    fmt: str  # "q4", "q8", or a GGUF type kept in the file's bytes: "q4_0", "q4_k", ..., "mxfp4" (gguf_blocks.COMPACT)
     qs: torch.Tensor  # q4: uint8 [N, K/2]; q8: int8 [N, K]; GGUF types: uint8 [N, the file's bytes per row]
     scales: Optional[torch.Tensor]  # float16 or float32 [N, K/sub]; None for the GGUF types (in their blocks)
     mins: Optional[torch.Tensor]  # same dtype as scales, [N, K/32], or None (zero, or in the GGUF blocks)
@@ -56,7 +57,7 @@ class PackedTensors:
 
     @property
     def kernel_fmt(self) -> int:
-        """The C++ kernels' name for the layout: 4 (q4), 8 (q8), or the GGUF type's id (2, 12, 13, 14)."""
+        """The C++ kernels' name for the layout: 4 (q4), 8 (q8), or the GGUF type's id (gguf_blocks.COMPACT)."""
         return gguf_blocks.COMPACT[self.fmt] if self.compact else 4 if self.fmt == "q4" else 8
 
     @property
@@ -106,10 +107,10 @@ class PackedTensors:
         groups = len(order)
         if groups * unit != k:
             raise ValueError(f"{groups} groups of {unit} inputs do not cover the {k} inputs of a [{n}, {k}] weight")
-        if self.compact and unit % self.block:
-            return self.converted().col_groups(order, unit)
         if unit % QK:
             raise ValueError(f"packed inputs move in whole blocks of {QK}, not in groups of {unit}")
+        if self.compact and unit % self.block:
+            return self.converted().col_groups(order, unit)
 
         def pick(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(n, groups, -1)[:, order].reshape(n, -1).contiguous()
@@ -133,10 +134,14 @@ class PackedTensors:
         return out
 
     def converted(self) -> PackedTensors:
-        """A GGUF type's weights in the q4/q8 layout with float32 scales (the same values, 1.3-1.5x the bytes)."""
+        """A GGUF type's weights in the q4/q8 layout with float32 scales (the same values, 1.3-1.5x the bytes).
+        Not Q2_K: its mins per 16 inputs have no place in those layouts (a ValueError)."""
         if not self.compact:
             return self
         n, k = self.shape
+        if self.fmt == "q2_k":
+            raise ValueError(f"a Q2_K weight [{n}, {k}] splits only at its 256-input super-blocks (its mins are per 16 "
+                             "inputs, which the q4/q8 layouts have no place for)")
         q, scales, mins, sub = gguf_blocks.values(self.qs.numpy(), self.fmt, n, k)
         t = torch.from_numpy
         if self.fmt in ("q4_0", "q4_k"):
@@ -146,9 +151,14 @@ class PackedTensors:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense [N, K] weight these values stand for (reference code: plain torch, float32 math)."""
-        if self.compact:
-            return self.converted().dequantize(dtype)
         n, k = self.shape
+        if self.compact:  # the file's values: q * scale (+ min) in float32, as gguf computes them
+            q, scales, mins, sub = gguf_blocks.values(self.qs.numpy(), self.fmt, n, k)
+            w = torch.from_numpy(q.astype(np.float32).reshape(n, k // sub, sub) * scales[..., None]).view(n, k)
+            if mins is not None:
+                msub = k // mins.shape[1]
+                w = (w.view(n, k // msub, msub) + torch.from_numpy(mins)[..., None]).view(n, k)
+            return w.to(dtype)
         if self.fmt == "q4":
             b = self.qs.view(n, k // QK, QK // 2)
             q = torch.cat([b & 0x0F, b >> 4], dim=-1).view(n, k).float()
@@ -268,7 +278,7 @@ def _tile_gguf(parts: list[PackedTensors], kernels: Any) -> TiledTensors:
 class TiledTensors:
     """Packed weights in the kernels' row-tiled layout (PackedTensors.tiled())."""
 
-    fmt: int  # the kernels' layout code: 4 (q4), 8 (q8), or a GGUF type id (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)
+    fmt: int  # the kernels' layout code: 4 (q4), 8 (q8), or a GGUF type id (2 Q4_0, 12 Q4_K, ...: gguf_blocks.COMPACT)
     qt: torch.Tensor
     scales: torch.Tensor
     mins: Optional[torch.Tensor]

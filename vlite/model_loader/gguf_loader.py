@@ -107,6 +107,7 @@ def open_gguf(path: Path) -> Any:
 def gguf_arch(path: Path, reader: Any = None) -> ModelArchConfig:
     """The file's config, with the type of its linear weights, read from the header alone (no tensor data)."""
     reader = reader or open_gguf(path)
+    check_tensor_types(path, reader)
     config = arch_from_gguf_metadata(reader)
     spec = spec_for(config.architecture)
     layer_names = {"ffn_gate_inp": f"{config.moe_prefix}.gate", **spec.gguf_layer_names}
@@ -131,6 +132,17 @@ def gguf_arch(path: Path, reader: Any = None) -> ModelArchConfig:
         config = dataclasses.replace(
             config, source_quantization=linear_types.pop() if len(linear_types) == 1 else "mixed")
     return config
+
+
+def check_tensor_types(path: Path, reader: Any) -> None:
+    """Every tensor's GGUF type is one vlite reads, from the header alone: else an error naming the first tensor
+    that is not, its type and the supported types, before any weight is read."""
+    readable = DENSE_TYPES + SUPPORTED_TYPES
+    for t in reader.tensors:
+        name = getattr(t.tensor_type, "name", str(t.tensor_type))
+        if name not in readable and t.name not in _SKIPPED:
+            raise ValueError(f"{path}: tensor {t.name!r} has GGUF type {name}, which vlite cannot read; "
+                             f"supported: {', '.join(readable)}")
 
 
 def _metadata(reader: Any, name: str, default: Any = None) -> Any:

@@ -6,6 +6,7 @@ returns a `PackedTensors` whose `dequantize(torch.float32)` equals `gguf.quants.
 
     Q4_0, Q4_K, Q5_K, Q6_K  -> the file's own bytes ("q4_0", ...: read at the file's size by the kernels,
                                vlite/layers/gguf_blocks.py)
+    Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4  -> the same ("q2_k", ...: vlite/layers/gguf_low_bits.py)
     Q4_1  -> q4, f16 scales d, f16 mins m (nibbles copied as they are)
     Q8_0  -> q8, f16 scales d
     Q5_0  -> q8 (q - 16), f16 scales d
@@ -31,13 +32,14 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 import torch
 
-from vlite.layers.gguf_blocks import BLOCKS, COMPACT, q5_values
+from vlite.layers.gguf_blocks import BLOCKS, COMPACT, q5_values, sub_of
 from vlite.layers.packed import QK, PackedTensors
 
 if TYPE_CHECKING:
     import gguf
 
-SUPPORTED_TYPES: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                                    "IQ4_NL", "IQ4_XS", "MXFP4")
 DENSE_TYPES: tuple[str, ...] = ("F32", "F16", "BF16")
 
 
@@ -74,7 +76,7 @@ def to_packed(data: np.ndarray, qtype: "gguf.GGMLQuantizationType", shape: tuple
         raise ValueError(f"{name} tensor of shape {(n, k)} needs {nb * bdt.itemsize} bytes, got {raw.size}")
     if name.lower() in COMPACT:  # the file's bytes as they are: a view of `data` (the loader's memory map)
         return PackedTensors(name.lower(), readonly_view(raw.reshape(n, raw.size // n)), None, None,
-                             16 if name == "Q6_K" else QK)
+                             sub_of(name.lower()))
     blk = raw.view(bdt)  # [nb] structured
     with np.errstate(invalid="ignore", over="ignore"):  # no warnings for inf/nan scale fields (garbage in: no exactness promise)
         return _convert(name, blk, n, k)

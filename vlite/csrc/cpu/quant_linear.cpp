@@ -37,6 +37,11 @@ constexpr int kRows = 8;  // activation rows per weight-block unpack (AVX2: see 
 // rows then share one unpack (121 linears of SmolLM2-135M: 5 rows 3.23 -> 2.95 ms, 8 rows 4.46 -> 4.0)
 constexpr int kRows = 8;
 #endif
+#if defined(VLITE_AVX512)
+constexpr bool kIsAvx512 = true;
+#else
+constexpr bool kIsAvx512 = false;
+#endif
 constexpr int64_t kActivationBlockBytes = 64 * 1024;  // int8 activation rows per pass over the tiles
 // Float32 activations get the residual row in steps of at most this many rows (a few decodes, bound
 // by reading the weights: the extra products are nearly free); longer steps (prefill chunks, large
@@ -171,20 +176,29 @@ void quantize_rows(const T* x, int64_t M, int64_t K, bool precise, int8_t* q, fl
 }
 
 // Weight kinds of the kernels (FMT): 4: q4 nibbles; 5, 6: nibbles plus a plane of 1 or 2 high bits per
-// weight (Q5_K, Q6_K; compact_blocks.h); 8: q8 bytes holding w + 128.
-// Bytes of one block of one tile: 16 rows x 16 (nibbles) or 32 (q8) bytes; the high plane's block.
+// weight (Q5_K, Q6_K; compact_blocks.h); 8: q8 bytes holding w + 128; 2, 3, 20, 39: Q2_K, Q3_K, the IQ4 and
+// MXFP4 tables (gguf_kinds.h).
+// Bytes of one block of one tile: 16 rows x 16 (nibbles) or 32 (q8) bytes, 8 (2-bit planes); the high plane's block.
 template <int FMT>
-constexpr int64_t tile_block_bytes() { return FMT == 8 ? kTile * QK : kTile * QK / 2; }
+constexpr int64_t tile_block_bytes() { return kind_block_bytes(FMT); }
 template <int FMT>
-constexpr int64_t high_block_bytes() { return FMT == 5 ? kTile * 4 : FMT == 6 ? kTile * 8 : 0; }
-// what the unsigned bytes the integer products see carry on top of the weight (q8: +128, Q6_K: q - 32 -> q)
+constexpr int64_t high_block_bytes() { return kind_high_bytes(FMT); }
+// what the unsigned bytes the integer products see carry on top of the weight (q8 and the tables: +128, Q6_K:
+// q - 32 -> q, Q3_K: u - 4 -> u)
 template <int FMT>
-constexpr int weight_offset() { return FMT == 8 ? 128 : FMT == 6 ? 32 : 0; }
+constexpr int weight_offset() { return FMT == 8 || FMT == 20 || FMT == 39 ? 128 : FMT == 6 ? 32 : FMT == 3 ? 4 : 0; }
+// Q2_K: a min per 16 inputs (the others: per 32)
+template <int FMT>
+constexpr bool mins_per_16() { return FMT == 2; }
 
 // Row l's 32 weight integers of block b of a tile (q4/q5 unsigned, Q6_K and q8 signed), natural input order:
 // reference code (portable kernels, dequantize).
 template <int FMT, typename V>
 static inline void block_values(const uint8_t* qt, int64_t nb, int64_t b, int64_t l, V* out) {
+  if constexpr (is_lowbit_kind(FMT)) {
+    lowbit_block_values<FMT>(qt, nb, b, l, out);
+    return;
+  }
   const uint8_t* wb = qt + b * tile_block_bytes<FMT>() + 4 * l;
   const uint8_t* hb = qt + nb * tile_block_bytes<FMT>() + b * high_block_bytes<FMT>() + 4 * l;
   for (int j = 0; j < 8; ++j)
@@ -253,7 +267,9 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
         _mm_prefetch(reinterpret_cast<const char*>(pf + high0 + b * high_block_bytes<FMT>() + i), _MM_HINT_T0);
     }
     __m512i w[8];  // w[j]: inputs 4j..4j+3 of the block for the 16 rows (u8)
-    if constexpr (FMT == 8) {
+    if constexpr (is_lowbit_kind(FMT)) {
+      lowbit_unpack512<FMT>(wb, hb, w);
+    } else if constexpr (FMT == 8) {
       for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wb + 64 * j);
     } else {
       for (int p = 0; p < 4; ++p) {
@@ -284,7 +300,7 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
     }
 #if !defined(__AVX512VNNI__)
     // without VNNI, 5- and 6-bit weights take q8's path (w + 128 as u8): their int16 pair sums could saturate
-    constexpr bool kQ8Path = FMT != 4;
+    constexpr bool kQ8Path = FMT != 4 && FMT != 2 && FMT != 3;  // Q2_K, Q3_K: u <= 7, as q4's
     if constexpr (FMT == 5 || FMT == 6)
       for (int j = 0; j < 8; ++j) w[j] = _mm512_add_epi8(w[j], _mm512_set1_epi8(static_cast<char>(128 - OFF)));
     __m512i aw[8];  // q8 without VNNI: |w| and w's sign mask (sign trick)
@@ -297,11 +313,12 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
       }
     }
 #endif
-    __m512 s0, s1, mn;
+    __m512 s0, s1, mn, mn1;
     if constexpr (SC == 0) {
       s0 = load16f(st + (b * PER) * kTile);
       s1 = PER == 2 ? load16f(st + (b * PER + 1) * kTile) : s0;
-      if (mt != nullptr) mn = load16f(mt + b * kTile);
+      if (mt != nullptr) mn = load16f(mt + (mins_per_16<FMT>() ? 2 * b : b) * kTile);
+      if (mins_per_16<FMT>() && mt != nullptr) mn1 = load16f(mt + (2 * b + 1) * kTile);
     } else if constexpr (SC == kQ4_0) {
       s0 = s1 = load16f(reinterpret_cast<const c10::Half*>(ks) + b * kTile);
       mn = _mm512_mul_ps(s0, _mm512_set1_ps(-8.f));
@@ -355,6 +372,11 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
         }
         acc0 = _mm512_madd_epi16(p0, ones);
         acc1 = _mm512_madd_epi16(p1, ones);
+        if constexpr (OFF != 0) {  // Q3_K's u carries +4
+          const int32_t* hs = a.isum + row * 2 * a.nb + 2 * b;
+          acc0 = _mm512_sub_epi32(acc0, _mm512_set1_epi32(OFF * hs[0]));
+          acc1 = _mm512_sub_epi32(acc1, _mm512_set1_epi32(OFF * hs[1]));
+        }
       } else {
         acc0 = acc1 = _mm512_setzero_si512();
         for (int j = 0; j < 8; ++j) {
@@ -374,7 +396,15 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
         accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc1), _mm512_mul_ps(s1, dx), accf[r]);
       }
     }
-    if (SC == 0 ? mt != nullptr : SC != kQ6_K) {
+    if (mins_per_16<FMT>() && mt != nullptr) {  // Q2_K: d * sum(q) of each 16-input half
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = m0 + r;
+        const float d = a.d[row * a.nb + b];
+        const int32_t* hs = a.isum + row * 2 * a.nb + 2 * b;
+        accf[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(d * static_cast<float>(hs[0])), accf[r]);
+        accf[r] = _mm512_fmadd_ps(mn1, _mm512_set1_ps(d * static_cast<float>(hs[1])), accf[r]);
+      }
+    } else if (SC == 0 ? mt != nullptr : SC != kQ6_K) {
       for (int r = 0; r < R; ++r) accf[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.dsum[(m0 + r) * a.nb + b]), accf[r]);
     }
   }
@@ -476,7 +506,7 @@ static inline void q8_block_ints(const uint8_t* wb, const Activations& a, int64_
 // for the two. It is bound by its loads: per row and block 4 instead of 6 (half by half, 9 rows at a
 // time), for 4 scale loads per group of rows instead of 2. The 4 linears of a SmolLM2-135M layer, one
 // thread, AVX2 path: 1 row 80 -> 75 us, 4 164 -> 157, 8 292 -> 281, 16 536 -> 510; the same bits.
-template <int64_t PER, int R, int R0, int RG, typename S>
+template <int64_t PER, int R, int R0, int RG, typename S, bool M16 = false>
 static inline void tile_scale_rows(const int32_t (*ib)[2][PER][R][8], const S* st, const S* mt, const Activations& a,
                                    int64_t m0, int64_t b0, int64_t b1, float* res) {
   __m256 acc[RG][2];
@@ -495,7 +525,17 @@ static inline void tile_scale_rows(const int32_t (*ib)[2][PER][R][8], const S* s
                                     _mm256_mul_ps(sc1, d), acc[r][1]);
       }
     }
-    if (mt != nullptr) {
+    if (M16 && mt != nullptr) {  // Q2_K: a min per 16 inputs, times d * sum(q) of that half
+      for (int64_t p = 0; p < PER; ++p) {
+        const __m256 mn0 = load8f(mt + ((b - b0) * PER + p) * kTile), mn1 = load8f(mt + ((b - b0) * PER + p) * kTile + 8);
+        for (int r = 0; r < RG; ++r) {
+          const int64_t row = m0 + R0 + r;
+          const __m256 ds = _mm256_set1_ps(a.d[row * a.nb + b] * static_cast<float>(a.isum[row * 2 * a.nb + 2 * b + p]));
+          acc[r][0] = _mm256_fmadd_ps(mn0, ds, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(mn1, ds, acc[r][1]);
+        }
+      }
+    } else if (mt != nullptr) {
       const __m256 mn0 = load8f(mt + (b - b0) * kTile), mn1 = load8f(mt + (b - b0) * kTile + 8);
       for (int r = 0; r < RG; ++r) {
         const __m256 ds = _mm256_set1_ps(a.dsum[(m0 + R0 + r) * a.nb + b]);
@@ -509,14 +549,14 @@ static inline void tile_scale_rows(const int32_t (*ib)[2][PER][R][8], const S* s
 }
 
 // The float pass from group I on, the rows in near-equal groups of at most 4
-template <int64_t PER, int R, int I, typename S>
+template <int64_t PER, int R, int I, typename S, bool M16 = false>
 static inline void tile_scale_groups(const int32_t (*ib)[2][PER][R][8], const S* st, const S* mt, const Activations& a,
                                      int64_t m0, int64_t b0, int64_t b1, float* res) {
   constexpr int NG = (R + 3) / 4;
   if constexpr (I < NG) {
     constexpr int lo = I * R / NG, hi = (I + 1) * R / NG;
-    tile_scale_rows<PER, R, lo, hi - lo>(ib, st, mt, a, m0, b0, b1, res);
-    tile_scale_groups<PER, R, I + 1>(ib, st, mt, a, m0, b0, b1, res);
+    tile_scale_rows<PER, R, lo, hi - lo, S, M16>(ib, st, mt, a, m0, b0, b1, res);
+    tile_scale_groups<PER, R, I + 1, S, M16>(ib, st, mt, a, m0, b0, b1, res);
   }
 }
 
@@ -610,6 +650,14 @@ static inline void high_block_ints(const uint8_t* wb, const uint8_t* hb, const A
   }
 }
 
+// 5- and 6-bit weights and the kinds of gguf_kinds.h: one block (rows 8h..8h+7 for h in [h0, h1)) as q8's
+// tile block (w + 128 as u8)
+template <int FMT>
+static inline void block_to_q8(const uint8_t* wb, const uint8_t* hb, uint8_t* out, int h0 = 0, int h1 = 2) {
+  if constexpr (is_lowbit_kind(FMT)) lowbit_block_to_q8<FMT>(wb, hb, out, h0, h1);
+  else high_block_to_q8<FMT>(wb, hb, out, h0, h1);
+}
+
 // The scales (sp) and mins (mp) of blocks [b0, b1): the arrays' from b0 on, or a compact weight's (its scale
 // bytes `ks`, GGUF type `code`) decoded into gsc and gmn
 template <int64_t PER, typename S>
@@ -636,7 +684,7 @@ __attribute__((noinline)) void tile_dot(const uint8_t* qt, const S* st, const S*
   static_assert(FMT != 4 || PER == 1, "q4 blocks have one scale");
   constexpr int64_t G = PER == 2 ? 8 : 16;  // blocks per pass (the buffer: <= 16 KB)
   alignas(32) int32_t ib[G][2][PER][R][8];
-  alignas(32) float gsc[G * PER * kTile], gmn[G * kTile];  // a compact weight's group of scales
+  alignas(32) float gsc[G * PER * kTile], gmn[G * PER * kTile];  // a compact weight's group of scales
   const int64_t high0 = a.nb * tile_block_bytes<FMT>();  // the high plane follows the tile's nibbles
   for (int64_t i = 0; i < R * kTile; ++i) res[i] = 0.f;
   for (int64_t b0 = 0; b0 < a.nb; b0 += G) {
@@ -653,14 +701,22 @@ __attribute__((noinline)) void tile_dot(const uint8_t* qt, const S* st, const S*
         q4_block_ints<R>(wb, a, m0, b, ib[b - b0]);
       } else if constexpr (FMT == 8) {
         q8_block_ints<PER, R>(wb, a, m0, b, ib[b - b0]);
+      } else if constexpr (FMT == 2 || FMT == 3) {
+        lowbit_u_block_ints<FMT, R>(wb, qt + high0 + b * high_block_bytes<FMT>(), a, m0, b, ib[b - b0]);
       } else {
-        high_block_ints<FMT, PER, R>(wb, qt + high0 + b * high_block_bytes<FMT>(), a, m0, b, ib[b - b0]);
+        if constexpr (FMT == 5 || FMT == 6) {
+          high_block_ints<FMT, PER, R>(wb, qt + high0 + b * high_block_bytes<FMT>(), a, m0, b, ib[b - b0]);
+        } else {  // the table kinds (IQ4_NL, IQ4_XS, MXFP4): signed int8 values, q8's sign trick
+          alignas(32) uint8_t q8[tile_block_bytes<8>()];
+          block_to_q8<FMT>(wb, qt + high0 + b * high_block_bytes<FMT>(), q8);
+          q8_block_ints<PER, R>(q8, a, m0, b, ib[b - b0]);
+        }
       }
     }
     const S* sp;
     const S* mp;
     group_scales<PER>(st, mt, code, ks, b0, b1, gsc, gmn, sp, mp);
-    tile_scale_groups<PER, R, 0>(ib, sp, mp, a, m0, b0, b1, res);
+    tile_scale_groups<PER, R, 0, S, mins_per_16<FMT>()>(ib, sp, mp, a, m0, b0, b1, res);
   }
 }
 
@@ -750,7 +806,7 @@ static inline void tile_dot_i16(const uint8_t* qt, const S* st, const S* mt, con
           _mm_prefetch(reinterpret_cast<const char*>(pf + high0 + b * high_block_bytes<FMT>() + i), _MM_HINT_T0);
       }
       if constexpr (FMT != 8) {
-        high_block_to_q8<FMT>(qt + b * tile_block_bytes<FMT>(), qt + high0 + b * high_block_bytes<FMT>(), q8, h, h + 1);
+        block_to_q8<FMT>(qt + b * tile_block_bytes<FMT>(), qt + high0 + b * high_block_bytes<FMT>(), q8, h, h + 1);
         wb = q8 + 32 * h;
       }
       __m256 sc[PER];
@@ -807,7 +863,13 @@ static inline void tile_dot(const uint8_t* qt, const S* st, const S* mt, const A
           for (int64_t i = s * SUB; i < (s + 1) * SUB; ++i) sum += w[l][i] * x[i];
           accf[r][l] += to_float(st[(b * PER + s) * kTile + l]) * dx * static_cast<float>(sum);
         }
-        if (mt != nullptr) accf[r][l] += to_float(mt[b * kTile + l]) * a.dsum[row * a.nb + b];
+        if (mt != nullptr && mins_per_16<FMT>()) {  // Q2_K: d * sum(q) of each 16-input half
+          for (int64_t s = 0; s < 2; ++s)
+            accf[r][l] += to_float(mt[(2 * b + s) * kTile + l]) *
+                          (dx * static_cast<float>(a.isum[row * 2 * a.nb + 2 * b + s]));
+        } else if (mt != nullptr) {
+          accf[r][l] += to_float(mt[b * kTile + l]) * a.dsum[row * a.nb + b];
+        }
       }
     }
   }
@@ -833,7 +895,7 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
                bool pairs, const T* residual, const TileScales* ts = nullptr) {
   const int64_t tiles = (N + kTile - 1) / kTile;
   const int64_t tile_bytes = a.nb * (tile_block_bytes<FMT>() + high_block_bytes<FMT>());
-  const int64_t scales_per_tile = (a.K / SUB) * kTile, mins_per_tile = a.nb * kTile;
+  const int64_t scales_per_tile = (a.K / SUB) * kTile, mins_per_tile = (mins_per_16<FMT>() ? 2 : 1) * a.nb * kTile;
   const int64_t grain = std::max<int64_t>(1, 256 / std::max<int64_t>(1, M * a.nb));
   // rows [r0, r0 + rows) of res -> out (one output row per `step` activation rows)
   auto store = [&](const float* res, int64_t r0, int64_t rows, int64_t step, int64_t n0, int64_t lanes) {
@@ -858,7 +920,8 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
   // group by group (tile_dot's ks))
   auto tile_scales = [&](int64_t t, const S*& s, const S*& mn, bool whole = false) {
 #if defined(VLITE_AVX512) || defined(VLITE_AVX2)
-    if (ts != nullptr && !whole) {
+    // (AVX-512: gguf_kinds.h's types read their tile's scales decoded whole, as the arrays)
+    if (ts != nullptr && !whole && !(kIsAvx512 && is_lowbit(ts->code))) {
       s = mn = nullptr;
       return;
     }
@@ -878,7 +941,7 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
     mn = mt != nullptr ? mt + t * mins_per_tile : nullptr;
   };
 #if defined(VLITE_AVX2)
-  if constexpr (FMT != 4) {
+  if constexpr (FMT != 4 && !mins_per_16<FMT>()) {
     if (a.q16 != nullptr) {  // M / 2 int16 rows (pairs), one output row each
       const int64_t MO = M / 2;
       at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
@@ -938,11 +1001,12 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
           }
           const uint8_t* pf = m == m_begin ? next : nullptr;
 #if defined(VLITE_AVX512)
-          if (ts != nullptr) {
+          if (!is_lowbit_kind(FMT) && ts != nullptr) {
             const uint8_t* ks = ts->st + t * ts->tile_bytes;
             with_rows<kPass>(rows, [&](auto r) {
               constexpr int R = decltype(r)::value;
-              if constexpr (FMT == 6) tile_dot<FMT, SUB, R, S, kQ6_K>(q, s, mn, a, m, res, pf, ks);
+              if constexpr (is_lowbit_kind(FMT)) {}  // (not reached: their scales are decoded as arrays)
+              else if constexpr (FMT == 6) tile_dot<FMT, SUB, R, S, kQ6_K>(q, s, mn, a, m, res, pf, ks);
               else if constexpr (FMT == 5) tile_dot<FMT, SUB, R, S, kQ4_K>(q, s, mn, a, m, res, pf, ks);
               else if (ts->code == kQ4_0) tile_dot<FMT, SUB, R, S, kQ4_0>(q, s, mn, a, m, res, pf, ks);
               else tile_dot<FMT, SUB, R, S, kQ4_K>(q, s, mn, a, m, res, pf, ks);
@@ -972,17 +1036,18 @@ void gemm_impl(const Activations& a, int64_t M, const uint8_t* qt, const S* st, 
 
 void check_compact(const at::Tensor& qt, const at::Tensor& st, const c10::optional<at::Tensor>& mt,
                    int64_t code, int64_t sub, int64_t N, int64_t K) {
-  const int64_t block = code == kQ4_0 ? QK : 256, tiles = (N + kTile - 1) / kTile;
+  const int64_t block = compact_block(code), tiles = (N + kTile - 1) / kTile;
   TORCH_CHECK(K % block == 0, "K must be a multiple of ", block, " for GGUF type code ", code, ", got ", K);
   TORCH_CHECK(sub == compact_sub(code), "sub must be ", compact_sub(code), " for GGUF type code ", code);
-  const int64_t high_bits = compact_weight_kind(code) - 4, qt_cols = K * kTile / 2 + K * kTile * high_bits / 8;
+  const int64_t qt_cols = K * kTile * compact_weight_bits(code) / 8;
   TORCH_CHECK(N > 0 && qt.is_contiguous() && qt.scalar_type() == at::kByte && qt.dim() == 2 && qt.size(0) == tiles &&
               qt.size(1) == qt_cols, "bad tiled weight: expected uint8 [", tiles, ", ", qt_cols, "] for N=", N,
               ", K=", K);
   TORCH_CHECK(!mt.has_value(), "GGUF type code ", code, " takes no mins tensor: its mins are in its scales");
-  if (code == kQ4_0) {
-    TORCH_CHECK(st.is_contiguous() && st.scalar_type() == at::kHalf && st.dim() == 3 && st.size(0) == tiles &&
-                st.size(1) == K / QK && st.size(2) == kTile, "bad tiled scales: expected float16 [", tiles, ", ",
+  if (code == kQ4_0 || code == kIQ4_NL || code == kMXFP4) {
+    const auto dt = code == kMXFP4 ? at::kByte : at::kHalf;
+    TORCH_CHECK(st.is_contiguous() && st.scalar_type() == dt && st.dim() == 3 && st.size(0) == tiles &&
+                st.size(1) == K / QK && st.size(2) == kTile, "bad tiled scales: expected ", dt, " [", tiles, ", ",
                 K / QK, ", 16]");
   } else {
     TORCH_CHECK(st.is_contiguous() && st.scalar_type() == at::kByte && st.dim() == 3 && st.size(0) == tiles &&
@@ -994,7 +1059,8 @@ void check_compact(const at::Tensor& qt, const at::Tensor& st, const c10::option
 void check_tiled(const at::Tensor& qt, const at::Tensor& st, const c10::optional<at::Tensor>& mt,
                  int64_t fmt, int64_t sub, int64_t N, int64_t K) {
   if (is_compact(fmt)) return check_compact(qt, st, mt, fmt, sub, N, K);
-  TORCH_CHECK(fmt == 4 || fmt == 8, "fmt must be 4, 8 or a GGUF type code (2, 12, 13, 14), got ", fmt);
+  TORCH_CHECK(fmt == 4 || fmt == 8, "fmt must be 4, 8 or a GGUF type code (2, 10, 11, 12, 13, 14, 20, 23, 39), got ",
+              fmt);
   TORCH_CHECK(sub == 32 || (sub == 16 && fmt == 8), "sub must be 32 (or 16 for q8)");
   TORCH_CHECK(K % QK == 0, "K must be a multiple of 32, got ", K);
   const int64_t tiles = (N + kTile - 1) / kTile;
@@ -1078,7 +1144,7 @@ at::Tensor quant_linear(at::Tensor x, at::Tensor qt, at::Tensor st, c10::optiona
 #if defined(VLITE_AVX2)
   thread_local std::vector<int16_t> q16_buf;
   thread_local std::vector<float> d16_buf, ds16_buf;
-  if ((fmt == 8 || (is_compact(fmt) && compact_weight_kind(fmt) != 4)) && precise) {
+  if ((fmt == 8 || (is_compact(fmt) && compact_weight_kind(fmt) != 4 && fmt != kQ2_K)) && precise) {
     if (static_cast<int64_t>(q16_buf.size()) < M * K) q16_buf.resize(M * K);
     if (static_cast<int64_t>(d16_buf.size()) < M * nb) { d16_buf.resize(M * nb); ds16_buf.resize(M * nb); }
     for (int64_t m = 0; m < M; ++m) {
@@ -1107,7 +1173,11 @@ at::Tensor quant_linear(at::Tensor x, at::Tensor qt, at::Tensor st, c10::optiona
       const int kind = compact_weight_kind(fmt);
       if (kind == 4) gemm_impl<4, 32, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
       else if (kind == 5) gemm_impl<5, 32, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
-      else gemm_impl<6, 16, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
+      else if (kind == 6) gemm_impl<6, 16, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
+      else if (kind == 2) gemm_impl<2, 16, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
+      else if (kind == 3) gemm_impl<3, 16, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
+      else if (kind == 20) gemm_impl<20, 32, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
+      else gemm_impl<39, 32, float, T>(a, rows, w, nullptr, nullptr, N, o, precise, rp, &ts);
     };
     if (odt == at::kFloat) run(float());
     else run(c10::BFloat16());
@@ -1140,8 +1210,8 @@ at::Tensor quant_linear(at::Tensor x, at::Tensor qt, at::Tensor st, c10::optiona
 // weights) -> [R, K].
 at::Tensor dequantize(at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt, int64_t fmt, int64_t sub, int64_t N,
                       at::ScalarType dtype, c10::optional<at::Tensor> out_buffer, c10::optional<at::Tensor> rows) {
-  const int64_t kind = is_compact(fmt) ? compact_weight_kind(fmt) : fmt;  // bits per weight in qt
-  const int64_t K = qt.size(1) * 8 / (kTile * kind);
+  const int64_t kind = is_compact(fmt) ? compact_weight_kind(fmt) : fmt;
+  const int64_t K = qt.size(1) * 8 / (kTile * (is_compact(fmt) ? compact_weight_bits(fmt) : fmt));  // bits per weight
   check_tiled(qt, st, mt, fmt, sub, N, K);
   at::Tensor idx;
   if (rows.has_value()) {
@@ -1170,7 +1240,7 @@ at::Tensor dequantize(at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt
       using T = decltype(out_tag);
       T* o = reinterpret_cast<T*>(out.data_ptr());
       at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
-        std::vector<float> sc(nsub * kTile), mn(nb * kTile);
+        std::vector<float> sc(nsub * kTile), mn(K / compact_min_sub(fmt) * kTile);
         int32_t vals[QK];
         int64_t decoded = -1;
         for (int64_t r = begin; r < end; ++r) {
@@ -1182,12 +1252,16 @@ at::Tensor dequantize(at::Tensor qt, at::Tensor st, c10::optional<at::Tensor> mt
           for (int64_t b = 0; b < nb; ++b) {
             if (kind == 4) block_values<4>(q, nb, b, l, vals);
             else if (kind == 5) block_values<5>(q, nb, b, l, vals);
-            else block_values<6>(q, nb, b, l, vals);
-            const float m = compact_has_mins(fmt) ? mn[b * kTile + l] : 0.f;
+            else if (kind == 6) block_values<6>(q, nb, b, l, vals);
+            else if (kind == 2) block_values<2>(q, nb, b, l, vals);
+            else if (kind == 3) block_values<3>(q, nb, b, l, vals);
+            else if (kind == 20) block_values<20>(q, nb, b, l, vals);
+            else block_values<39>(q, nb, b, l, vals);
+            const int64_t msub = compact_min_sub(fmt);
             T* ob = o + r * K + b * QK;
             for (int64_t i = 0; i < QK; ++i) {
               const float v = static_cast<float>(vals[i]) * sc[(b * QK / sub + i / sub) * kTile + l];
-              ob[i] = static_cast<T>(compact_has_mins(fmt) ? v + m : v);
+              ob[i] = static_cast<T>(compact_has_mins(fmt) ? v + mn[(b * QK / msub + i / msub) * kTile + l] : v);
             }
           }
         }
