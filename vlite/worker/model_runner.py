@@ -165,14 +165,20 @@ class ModelRunner(LoRAModelRunnerMixin, KVConnectorModelRunnerMixin):
         # buffer; linear-attention layers their (conv, delta-rule) state slots instead.
         self.kv_group_layers = [] if self.is_encoder else [g.layer_indices for g in groups.attention_groups]
         self.kv_group_windows = groups.group_windows
-        buffers = {} if self.is_encoder else {
-            (heads, size): [torch.zeros(self.attn_backend.get_kv_cache_shape(num_blocks, block_size, heads, size),
-                                        dtype=dtype, device=self.device) for _ in range(n)]
-            for heads, size, n in groups.buffer_shapes}
+        # Shapes from this worker's arch (a tensor-parallel rank's KV heads), counts from the groups.
+        attn_groups = () if self.is_encoder else groups.attention_groups
+        shape_of = [(arch.layer_kv_heads(g.layer_indices[0]), arch.layer_head_dim(g.layer_indices[0]))
+                    for g in attn_groups]
+        counts: dict[tuple[int, int], int] = {}
+        for g, shape in zip(attn_groups, shape_of):
+            counts[shape] = max(counts.get(shape, 0), len(g.layer_indices))
+        buffers = {(heads, size): [torch.zeros(self.attn_backend.get_kv_cache_shape(num_blocks, block_size, heads, size),
+                                               dtype=dtype, device=self.device) for _ in range(n)]
+                   for (heads, size), n in counts.items()}
         self.kv_caches: list[Any] = [None] * (0 if self.is_encoder else arch.num_hidden_layers)
-        for g in groups.attention_groups:
+        for g, shape in zip(attn_groups, shape_of):
             for j, layer in enumerate(g.layer_indices):
-                self.kv_caches[layer] = buffers[g.kv_cache_spec.num_kv_heads, g.kv_cache_spec.head_size][j]
+                self.kv_caches[layer] = buffers[shape][j]
         for i in () if self.is_encoder else arch.attention_layers:
             self.kv_caches[i] = self.kv_caches[arch.kv_source(i)]
         for i in arch.linear_layers:
