@@ -18,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tests.reasoning.thinking_model import token_id, write_chain_model
+
 HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
 EOS = "<|endoftext|>"
 RECIPIENT = "commentary to=functions.get_weather "
@@ -48,35 +50,7 @@ def tokenizer() -> Any:
     return fast
 
 
-def token_id(tok: Any, text: str) -> int:
-    ids = tok.encode(text, add_special_tokens=False)
-    assert len(ids) == 1, (text, ids)
-    return ids[0]
-
-
 def build(folder: Path) -> Path:
     """Write the model and its tokenizer to `folder` (a Hugging Face folder vlite loads)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     tok = tokenizer()
-    size = (len(tok) + 31) // 32 * 32  # hidden size = vocabulary: the embeddings are one-hot
-    config = Qwen3Config(vocab_size=size, hidden_size=size, intermediate_size=16, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=2048,
-                         tie_word_embeddings=False, eos_token_id=token_id(tok, EOS), bos_token_id=None)
-    model = Qwen3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                p.zero_()  # the residual stream stays the token's own embedding
-        model.model.embed_tokens.weight.copy_(torch.eye(size))
-        head = torch.zeros(size, size)
-        for token, successors in CHAINS.items():
-            for rank, nxt in enumerate(successors):
-                head[token_id(tok, nxt), token_id(tok, token)] = 3.0 - rank
-        model.lm_head.weight.copy_(head)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return write_chain_model(folder, tok, CHAINS, token_id(tok, EOS), max_position_embeddings=2048)

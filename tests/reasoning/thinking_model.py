@@ -66,14 +66,22 @@ def tokenizer() -> Any:
 
 def build(folder: Path) -> Path:
     """Write the model and its tokenizer to `folder` (a Hugging Face folder vlite loads)."""
+    tok = tokenizer()
+    return write_chain_model(folder, tok, CHAINS, tok.convert_tokens_to_ids(EOS), max_position_embeddings=512)
+
+
+def write_chain_model(folder: Path, tok: Any, chains: dict[str, list[str]], eos_token_id: int,
+                      max_position_embeddings: int) -> Path:
+    """One Qwen3 layer whose attention and MLP write nothing, one-hot embeddings, an lm_head scoring each token's
+    successors in `chains` 3, 2, 1: greedy output follows the chain of the last token. Saved with `tok`."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tok = tokenizer()
     size = (len(tok) + 31) // 32 * 32  # hidden size = vocabulary: the embeddings are one-hot
     config = Qwen3Config(vocab_size=size, hidden_size=size, intermediate_size=16, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
-                         tie_word_embeddings=False, eos_token_id=tok.convert_tokens_to_ids(EOS), bos_token_id=None)
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
+                         eos_token_id=eos_token_id, bos_token_id=None)
     model = Qwen3ForCausalLM(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -83,16 +91,16 @@ def build(folder: Path) -> Path:
                 p.zero_()  # the residual stream stays the token's own embedding
         model.model.embed_tokens.weight.copy_(torch.eye(size))
         head = torch.zeros(size, size)
-        for token, successors in CHAINS.items():
+        for token, successors in chains.items():
             for rank, nxt in enumerate(successors):
-                head[_id(tok, nxt), _id(tok, token)] = 3.0 - rank
+                head[token_id(tok, nxt), token_id(tok, token)] = 3.0 - rank
         model.lm_head.weight.copy_(head)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
 
 
-def _id(tok: Any, text: str) -> int:
+def token_id(tok: Any, text: str) -> int:
     ids = tok.encode(text, add_special_tokens=False)
     assert len(ids) == 1, (text, ids)
     return ids[0]
